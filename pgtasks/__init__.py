@@ -1,0 +1,34 @@
+"""pgtasks: Celery's API with PostgreSQL's guarantees, and no broker.
+
+>>> from pgtasks import Celery
+>>> app = Celery("proj", broker="postgresql://localhost/app")
+"""
+
+from pgtasks.app import Celery, current_app, shared_task
+from pgtasks.exceptions import (
+    Ignore,
+    MaxRetriesExceededError,
+    Reject,
+    Retry,
+    SoftTimeLimitExceeded,
+    TimeLimitExceeded,
+)
+from pgtasks.result import AsyncResult
+from pgtasks.task import Task
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncResult",
+    "Celery",
+    "Ignore",
+    "MaxRetriesExceededError",
+    "Reject",
+    "Retry",
+    "SoftTimeLimitExceeded",
+    "Task",
+    "TimeLimitExceeded",
+    "__version__",
+    "current_app",
+    "shared_task",
+]

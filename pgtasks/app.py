@@ -1,0 +1,345 @@
+"""The app: settings, the task registry, the ``@app.task`` decorator and the broker.
+
+Nothing happens at construction: the connection pool opens on first use, in the process that
+uses it, so apps can be created at import time and survive ``fork``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar, overload
+
+from pgtasks import config, embedded, serialization
+from pgtasks.broker import Broker
+from pgtasks.exceptions import ImproperlyConfigured, NotRegistered
+from pgtasks.result import AsyncResult
+from pgtasks.task import Task
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_current: Celery | None = None
+_shared: list[tuple[Callable[..., Any], dict[str, Any]]] = []
+
+
+def current_app() -> Celery:
+    """The app created most recently (Celery's ``current_app``)."""
+    if _current is None:
+        raise ImproperlyConfigured(
+            "no pgtasks app exists yet: create one with `app = Celery('proj')` before using "
+            "shared tasks"
+        )
+    return _current
+
+
+def normalise_dsn(url: str) -> str:
+    """Accept the URL spellings users bring from SQLAlchemy and Heroku; reject other brokers."""
+    import psycopg
+
+    url = url.strip()
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme in ("postgres", "postgresql", "pgtasks") or scheme.startswith("postgresql+"):
+        url = "postgresql://" + url.split("://", 1)[1]
+    elif scheme:
+        raise ImproperlyConfigured(
+            f"broker URL scheme {scheme!r} is not supported: pgtasks keeps tasks in PostgreSQL, "
+            "so use a postgresql:// URL (for example postgresql://user@localhost/app)"
+        )
+    try:
+        psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        raise ImproperlyConfigured(
+            f"malformed database URL: {exc}. Use postgresql://user:password@host:5432/dbname "
+            "or a libpq string such as 'host=localhost dbname=app'"
+        ) from None
+    return url
+
+
+class Control:
+    """``app.control``: revoke and purge."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    def revoke(
+        self,
+        task_id: str | Iterable[str],
+        terminate: bool = False,
+        signal: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Cancel tasks by id. A waiting task becomes REVOKED at once; a running one is flagged
+        and cannot record success."""
+        ids = [task_id] if isinstance(task_id, str) else list(task_id)
+        for tid in ids:
+            self.app.broker.revoke(tid)
+
+    def purge(self) -> int:
+        """Delete every waiting task; returns how many."""
+        return self.app.broker.purge(None)
+
+
+class Celery:
+    """A pgtasks application: Celery's constructor and methods, PostgreSQL underneath."""
+
+    def __init__(
+        self,
+        main: str | None = None,
+        *,
+        broker: str | None = None,
+        backend: str | None = None,
+        include: Sequence[str] | None = None,
+        set_as_current: bool = True,
+        **settings: Any,
+    ) -> None:
+        global _current
+        self.main = main
+        self.conf = config.Conf()
+        if broker is not None:
+            self.conf["broker_url"] = broker
+        self.conf.update(settings)
+        self.include = list(include or [])
+        self.tasks: dict[str, Task[Any, Any]] = {}
+        self.control = Control(self)
+        self._settings: config.Settings | None = None
+        self._settings_key: tuple[tuple[str, str], ...] | None = None
+        self._broker: Broker | None = None
+        self._lock = threading.Lock()
+        self._shared_bound = 0
+        if set_as_current:
+            _current = self
+
+    def __repr__(self) -> str:
+        return f"<Celery {self.main or '__main__'}>"
+
+    # -- configuration -------------------------------------------------------------------------
+
+    @property
+    def settings(self) -> config.Settings:
+        """Validated settings (recomputed when ``conf`` changes)."""
+        key = tuple(sorted((k, repr(v)) for k, v in self.conf.items()))
+        if self._settings is None or key != self._settings_key:
+            self._settings = config.build(self.conf)
+            self._settings_key = key
+        return self._settings
+
+    def config_from_object(
+        self, obj: Any, namespace: str | None = None, silent: bool = False
+    ) -> None:
+        """Load settings from an object or module path (``'proj.celeryconfig'``,
+        ``'django.conf:settings'``); with ``namespace='CELERY'`` only ``CELERY_*`` names count."""
+        if isinstance(obj, str):
+            module_name, _, attr = obj.partition(":")
+            try:
+                obj = importlib.import_module(module_name)
+            except ImportError:
+                if silent:
+                    return
+                raise
+            if attr:
+                obj = getattr(obj, attr)
+        items: Mapping[str, Any] = (
+            obj if isinstance(obj, Mapping) else {k: getattr(obj, k) for k in dir(obj)}
+        )
+        prefix = f"{namespace}_" if namespace else ""
+        for key, value in items.items():
+            if key.startswith("__"):
+                continue
+            if prefix:
+                if not key.startswith(prefix):
+                    continue
+                key = key[len(prefix) :].lower()
+            elif not key.islower() and key not in config.CELERY_NAMES:
+                continue
+            self.conf[key] = value
+
+    def route(self, name: str) -> str | None:
+        """The queue ``task_routes`` sends ``name`` to, if any (dict of name -> {'queue': q})."""
+        routes = self.conf.get("task_routes")
+        if isinstance(routes, Mapping):
+            import fnmatch
+
+            for pattern, route in routes.items():
+                if pattern == name or fnmatch.fnmatchcase(name, pattern):
+                    queue = route.get("queue") if isinstance(route, Mapping) else route
+                    return str(queue) if queue else None
+        return None
+
+    # -- database ------------------------------------------------------------------------------
+
+    @property
+    def database_url(self) -> str:
+        """The configured database URL, or the embedded server's when none is configured."""
+        url = self.settings.database_url
+        if url:
+            return normalise_dsn(url)
+        return embedded.dsn(self.settings.embedded_dir)
+
+    @property
+    def broker(self) -> Broker:
+        """The broker for this process (created on first use)."""
+        if self._broker is None:
+            with self._lock:
+                if self._broker is None:
+                    s = self.settings
+                    self._broker = Broker(
+                        self.database_url,
+                        s.schema_name,
+                        prepared_statements=s.prepared_statements,
+                        min_size=s.pool_min_size,
+                        max_size=s.pool_max_size,
+                    )
+        return self._broker
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        if self._broker is not None:
+            self._broker.close()
+            self._broker = None
+
+    def decode_result(self, data: bytes, content_type: str, content_encoding: str) -> Any:
+        return serialization.decode(data, content_type, content_encoding, accept=None)
+
+    # -- tasks ---------------------------------------------------------------------------------
+
+    @overload
+    def task(self, fun: F) -> Task[Any, Any]: ...
+
+    @overload
+    def task(
+        self,
+        *,
+        name: str | None = None,
+        bind: bool = False,
+        base: type[Task[Any, Any]] | None = None,
+        **options: Any,
+    ) -> Callable[[Callable[..., Any]], Task[Any, Any]]: ...
+
+    def task(self, fun: Callable[..., Any] | None = None, **options: Any) -> Any:
+        """Register a function as a task: ``@app.task`` or ``@app.task(name=…, bind=True, …)``."""
+        if fun is not None and callable(fun) and not options:
+            return self._register(fun, {})
+
+        def decorator(f: Callable[..., Any]) -> Task[Any, Any]:
+            return self._register(f, options)
+
+        return decorator
+
+    def _register(self, fun: Callable[..., Any], options: dict[str, Any]) -> Task[Any, Any]:
+        options = dict(options)
+        name = options.pop("name", None) or f"{fun.__module__}.{fun.__qualname__}"
+        if name in self.tasks:
+            return self.tasks[name]
+        bind = bool(options.pop("bind", False))
+        base = options.pop("base", None) or Task
+        options.pop("shared", None)
+        task: Task[Any, Any] = base(self, fun, name, bind, **options)
+        self.tasks[name] = task
+        return task
+
+    def _bind_shared(self) -> None:
+        while self._shared_bound < len(_shared):
+            fun, opts = _shared[self._shared_bound]
+            self._register(fun, opts)
+            self._shared_bound += 1
+
+    def get_task(self, name: str) -> Task[Any, Any]:
+        """The registered task called ``name``; raises ``NotRegistered``."""
+        self._bind_shared()
+        try:
+            return self.tasks[name]
+        except KeyError:
+            raise NotRegistered(name) from None
+
+    def registered(self) -> list[str]:
+        self._bind_shared()
+        return sorted(self.tasks)
+
+    def send_task(
+        self,
+        name: str,
+        args: Sequence[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> AsyncResult:
+        """Enqueue a task by name, without importing its code (the worker must know it)."""
+        self._bind_shared()
+        task: Task[Any, Any] = self.tasks.get(name) or Task(self, _not_here(name), name, False)
+        return task.apply_async(args, kwargs, **options)
+
+    def AsyncResult(self, id: str, task_name: str | None = None) -> AsyncResult:
+        """A handle on the result of the task with this id."""
+        return AsyncResult(id, self, task_name=task_name)
+
+    def autodiscover_tasks(
+        self, packages: Iterable[str] | None = None, related_name: str = "tasks"
+    ) -> None:
+        """Import ``<package>.tasks`` for each package (and the ``include`` modules)."""
+        for module in self.include:
+            importlib.import_module(module)
+        for package in packages or ():
+            try:
+                importlib.import_module(f"{package}.{related_name}")
+            except ModuleNotFoundError as exc:
+                if exc.name != f"{package}.{related_name}":
+                    raise
+
+    def import_includes(self) -> None:
+        """Import the modules named in ``include`` so their tasks register."""
+        for module in self.include:
+            importlib.import_module(module)
+        self._bind_shared()
+
+
+def _not_here(name: str) -> Callable[..., Any]:
+    def missing(*args: Any, **kwargs: Any) -> Any:
+        raise NotRegistered(name)
+
+    return missing
+
+
+class SharedTask:
+    """What ``@shared_task`` returns: a task that finds its app when it is used."""
+
+    def __init__(self, fun: Callable[..., Any], options: dict[str, Any]) -> None:
+        self.fun = fun
+        self.options = options
+        self.name = options.get("name") or f"{fun.__module__}.{fun.__qualname__}"
+        self.__doc__ = fun.__doc__
+        self.__name__ = getattr(fun, "__name__", self.name)
+        self.__wrapped__ = fun
+
+    def _task(self) -> Task[Any, Any]:
+        app = current_app()
+        app._bind_shared()
+        return app.tasks[self.name]
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._task(), attr)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._task()(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<@shared_task: {self.name}>"
+
+
+@overload
+def shared_task(fun: Callable[..., Any]) -> Any: ...
+
+
+@overload
+def shared_task(**options: Any) -> Callable[[Callable[..., Any]], Any]: ...
+
+
+def shared_task(fun: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """Define a task without an app; it binds to the current app when it is used."""
+
+    def decorator(f: Callable[..., Any]) -> SharedTask:
+        _shared.append((f, options))
+        return SharedTask(f, options)
+
+    if fun is not None and callable(fun) and not options:
+        return decorator(fun)
+    return decorator

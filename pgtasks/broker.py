@@ -1,0 +1,388 @@
+"""The only code that talks SQL: one method per named query in ``sql/queries.sql``.
+
+Connections come from a psycopg pool opened lazily in the process that uses it (so a forked
+child never shares its parent's sockets). Every statement runs in autocommit mode: each named
+query is one atomic statement, so there is no BEGIN/COMMIT round trip on the hot path. A caller's
+own connection can be passed to the enqueue methods to enqueue inside the caller's transaction.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import errors, sql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from pgtasks.exceptions import EncodeError, ImproperlyConfigured
+from pgtasks.message import ClaimedTask, TaskMessage
+from pgtasks.sql import queries
+
+Row = dict[str, Any]
+
+
+def notify_channel(schema: str) -> str:
+    """The LISTEN/NOTIFY channel that announces due tasks for ``schema``."""
+    return f"pgtasks_{schema}"[:63]
+
+
+@dataclass(frozen=True)
+class Success:
+    id: str
+    attempt: int
+    store: bool
+    content_type: str
+    result: bytes | None
+    started: datetime | None
+
+
+@dataclass(frozen=True)
+class Failure:
+    id: str
+    attempt: int
+    status: str  # FAILED, DEAD or CANCELLED
+    error: str
+    traceback: str | None
+    store: bool
+    content_type: str
+    result: bytes | None
+    started: datetime | None
+
+
+@dataclass(frozen=True)
+class RetryAt:
+    id: str
+    attempt: int
+    retries: int
+    delay: float
+    eta: datetime | None
+    error: str | None
+    traceback: str | None
+    outcome: str | None  # attempt-history outcome; None writes no history row
+    started: datetime | None
+
+
+@dataclass(frozen=True)
+class Release:
+    id: str
+    attempt: int
+    delay: float
+    error: str | None
+
+
+class Broker:
+    """Named queries against one database and schema."""
+
+    def __init__(
+        self,
+        dsn: str,
+        schema: str,
+        *,
+        prepared_statements: bool = True,
+        min_size: int = 1,
+        max_size: int = 10,
+    ) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self.q = queries(schema)
+        self.prepare_threshold: int | None = 5 if prepared_statements else None
+        self.min_size = min_size
+        self.max_size = max_size
+        self._pool: ConnectionPool | None = None
+        self._pool_pid = 0
+        self._lock = threading.Lock()
+
+    # -- connections -------------------------------------------------------------------------
+
+    def _conn_kwargs(self) -> dict[str, Any]:
+        return {"autocommit": True, "prepare_threshold": self.prepare_threshold}
+
+    @property
+    def pool(self) -> ConnectionPool:
+        """The process's connection pool, opened on first use (and again after a fork)."""
+        if self._pool is None or self._pool_pid != os.getpid():
+            with self._lock:
+                if self._pool is None or self._pool_pid != os.getpid():
+                    self._pool = ConnectionPool(
+                        self.dsn,
+                        min_size=self.min_size,
+                        max_size=self.max_size,
+                        kwargs=self._conn_kwargs(),
+                        open=False,
+                        name=f"pgtasks-{os.getpid()}",
+                    )
+                    self._pool.open(wait=False)
+                    self._pool_pid = os.getpid()
+        return self._pool
+
+    @contextmanager
+    def connection(
+        self, conn: psycopg.Connection[Any] | None = None
+    ) -> Iterator[psycopg.Connection[Any]]:
+        """The caller's connection when given, else one from the pool."""
+        if conn is not None:
+            yield conn
+            return
+        with self.pool.connection(timeout=30.0) as pooled:
+            yield pooled
+
+    def connect(self, autocommit: bool = True) -> psycopg.Connection[Any]:
+        """A dedicated connection outside the pool (LISTEN, migrations, admin commands)."""
+        return psycopg.connect(self.dsn, autocommit=autocommit)
+
+    def listen_connection(self) -> psycopg.Connection[Any]:
+        """A connection listening on the wake-up channel."""
+        conn = self.connect()
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel(self.schema))))
+        return conn
+
+    def close(self) -> None:
+        if self._pool is not None and self._pool_pid == os.getpid():
+            self._pool.close()
+        self._pool = None
+
+    def _all(
+        self, name: str, params: dict[str, Any], conn: psycopg.Connection[Any] | None = None
+    ) -> list[Row]:
+        with self.connection(conn) as c, c.cursor(row_factory=dict_row) as cur:
+            cur.execute(self.q[name], params)
+            return cur.fetchall() if cur.description else []
+
+    def _one(
+        self, name: str, params: dict[str, Any], conn: psycopg.Connection[Any] | None = None
+    ) -> Row | None:
+        rows = self._all(name, params, conn)
+        return rows[0] if rows else None
+
+    # -- enqueue -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _params(msg: TaskMessage) -> dict[str, Any]:
+        return {
+            "id": msg.id,
+            "name": msg.name,
+            "queue": msg.queue,
+            "priority": msg.priority,
+            "eta": msg.eta,
+            "countdown": msg.countdown,
+            "expires_at": msg.expires_at,
+            "expires_in": msg.expires_in,
+            "content_type": msg.body.content_type,
+            "content_encoding": msg.body.content_encoding,
+            "payload": msg.body.json_text,
+            "payload_raw": msg.body.raw,
+            "headers": Jsonb(msg.headers),
+            "max_retries": msg.max_retries,
+        }
+
+    def enqueue(self, msg: TaskMessage, conn: psycopg.Connection[Any] | None = None) -> None:
+        """Insert one task row (committed on return unless ``conn`` is in a transaction)."""
+        with _storage_errors(msg.id):
+            self._all("insert_task", self._params(msg), conn)
+
+    def enqueue_many(
+        self, msgs: Sequence[TaskMessage], conn: psycopg.Connection[Any] | None = None
+    ) -> None:
+        """Insert many task rows in one statement."""
+        if not msgs:
+            return
+        cols: dict[str, list[Any]] = {}
+        for msg in msgs:
+            for key, value in self._params(msg).items():
+                cols.setdefault(key, []).append(value)
+        with _storage_errors(None):
+            self._all("insert_tasks", cols, conn)
+
+    # -- the worker's statements -------------------------------------------------------------
+
+    def claim(
+        self, worker: str, queues: Sequence[str], limit: int, lease: float
+    ) -> list[ClaimedTask]:
+        """Claim up to ``limit`` due tasks in priority order (one statement)."""
+        rows = self._all(
+            "claim_batch",
+            {"worker": worker, "queues": list(queues), "limit": limit, "lease": lease},
+        )
+        return [ClaimedTask(**row) for row in rows]
+
+    def renew(self, worker: str, owned: Sequence[tuple[str, int]], lease: float) -> dict[str, bool]:
+        """Extend the leases of ``owned`` (id, attempt) pairs; returns id -> cancel_requested for
+        the rows still owned. A pair missing from the answer was lost."""
+        if not owned:
+            return {}
+        rows = self._all(
+            "renew_leases",
+            {
+                "worker": worker,
+                "ids": [i for i, _ in owned],
+                "attempts": [a for _, a in owned],
+                "lease": lease,
+            },
+        )
+        return {row["id"]: row["cancel_requested"] for row in rows}
+
+    def complete(self, worker: str, items: Sequence[Success]) -> dict[str, str]:
+        """Fenced successes; returns id -> new status for the rows this worker still owned."""
+        rows = self._all(
+            "complete_batch",
+            {
+                "worker": worker,
+                "ids": [i.id for i in items],
+                "attempts": [i.attempt for i in items],
+                "store": [i.store for i in items],
+                "content_types": [i.content_type for i in items],
+                "results": [i.result for i in items],
+                "started": [i.started for i in items],
+            },
+        )
+        return {row["id"]: row["status"] for row in rows}
+
+    def fail(self, worker: str, items: Sequence[Failure]) -> dict[str, str]:
+        """Fenced terminal failures (FAILED, DEAD or CANCELLED)."""
+        rows = self._all(
+            "fail_batch",
+            {
+                "worker": worker,
+                "ids": [i.id for i in items],
+                "attempts": [i.attempt for i in items],
+                "statuses": [i.status for i in items],
+                "errors": [i.error for i in items],
+                "tracebacks": [i.traceback for i in items],
+                "store": [i.store for i in items],
+                "content_types": [i.content_type for i in items],
+                "results": [i.result for i in items],
+                "started": [i.started for i in items],
+            },
+        )
+        return {row["id"]: row["status"] for row in rows}
+
+    def retry(self, worker: str, items: Sequence[RetryAt]) -> dict[str, str]:
+        """Fenced retries: PENDING again at the given time, retry count written with it."""
+        rows = self._all(
+            "retry_batch",
+            {
+                "worker": worker,
+                "ids": [i.id for i in items],
+                "attempts": [i.attempt for i in items],
+                "retries": [i.retries for i in items],
+                "delays": [i.delay for i in items],
+                "etas": [i.eta for i in items],
+                "errors": [i.error for i in items],
+                "tracebacks": [i.traceback for i in items],
+                "outcomes": [i.outcome for i in items],
+                "started": [i.started for i in items],
+            },
+        )
+        return {row["id"]: row["status"] for row in rows}
+
+    def release(self, worker: str, items: Sequence[Release]) -> dict[str, str]:
+        """Fenced hand-back of claimed rows that never ran."""
+        rows = self._all(
+            "release_batch",
+            {
+                "worker": worker,
+                "ids": [i.id for i in items],
+                "attempts": [i.attempt for i in items],
+                "delays": [i.delay for i in items],
+                "errors": [i.error for i in items],
+            },
+        )
+        return {row["id"]: row["status"] for row in rows}
+
+    def reclaim(self, max_lost: int, limit: int = 1000) -> list[Row]:
+        """Put expired leases back in the queue (or dead-letter them), naming the previous owner."""
+        return self._all("reclaim_expired", {"max_lost": max_lost, "limit": limit})
+
+    def register_worker(
+        self, worker: str, host: str, pid: int, queues: Sequence[str], concurrency: int
+    ) -> None:
+        self._all(
+            "register_worker",
+            {
+                "id": worker,
+                "host": host,
+                "pid": pid,
+                "queues": list(queues),
+                "concurrency": concurrency,
+            },
+        )
+
+    def heartbeat_worker(self, worker: str) -> None:
+        self._all("heartbeat_worker", {"id": worker})
+
+    def unregister_worker(self, worker: str) -> None:
+        self._all("unregister_worker", {"id": worker})
+
+    # -- results and control -----------------------------------------------------------------
+
+    def revoke(self, task_id: str) -> str | None:
+        """Cancel a task; returns its status afterwards, or None if it was not pending/running."""
+        row = self._one("revoke", {"id": task_id})
+        return row["status"] if row else None
+
+    def get_result(self, task_id: str) -> Row | None:
+        row = self._one("get_result", {"id": task_id})
+        if row is None or (row["status"] is None and row["state"] is None):
+            return None
+        return row
+
+    def get_task(self, task_id: str) -> Row | None:
+        return self._one("get_task", {"id": task_id})
+
+    def forget(self, task_id: str) -> None:
+        self._all("forget_result", {"id": task_id})
+
+    def purge(self, queues: Sequence[str] | None = None) -> int:
+        with self.connection() as c:
+            cur = c.execute(self.q["purge"], {"queues": list(queues) if queues else None})
+            return cur.rowcount
+
+    def prune(self, task_age: float, result_age: float, limit: int = 10000) -> tuple[int, int]:
+        row = self._one(
+            "prune_finished", {"task_age": task_age, "result_age": result_age, "limit": limit}
+        )
+        assert row is not None
+        return int(row["tasks"]), int(row["results"])
+
+    def counts(self) -> list[Row]:
+        return self._all("count_by_status", {})
+
+    def schema_version(self) -> int | None:
+        """The newest applied migration; None when the schema is absent."""
+        try:
+            row = self._one("schema_version", {})
+        except errors.UndefinedTable:
+            return None
+        return None if row is None else row["version"]
+
+
+@contextmanager
+def _storage_errors(task_id: str | None) -> Iterator[None]:
+    """Turn the database's refusals of a payload into the errors a caller can act on."""
+    try:
+        yield
+    except errors.UniqueViolation:
+        raise ValueError(
+            f"a task with id {task_id!r} already exists; task ids must be unique"
+        ) from None
+    except (
+        errors.InvalidTextRepresentation,
+        errors.UntranslatableCharacter,
+        errors.DataException,
+    ) as exc:
+        raise EncodeError(
+            "the task payload cannot be stored as JSON "
+            f"({exc.diag.message_primary}); NaN, Infinity and NUL characters are not valid JSON"
+        ) from None
+    except errors.UndefinedTable:
+        raise ImproperlyConfigured(
+            "the pgtasks schema does not exist in this database; run `pgtasks migrate`"
+        ) from None

@@ -1,0 +1,144 @@
+"""Settings: pydantic-settings with the ``PGTASKS_`` prefix, and the one table that maps Celery's
+setting names to ours.
+
+Precedence, highest first: ``PGTASKS_*`` environment variables, then values given in code
+(``Celery(broker=...)``, ``app.conf.update(...)``, ``config_from_object``), then the defaults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from pgtasks.exceptions import ImproperlyConfigured
+
+#: Celery setting name -> pgtasks field name. Celery's names are accepted at the boundary only.
+CELERY_NAMES: dict[str, str] = {
+    "broker_url": "database_url",
+    "broker": "database_url",
+    "BROKER_URL": "database_url",
+    "task_default_queue": "default_queue",
+    "task_default_priority": "default_priority",
+    "task_serializer": "task_serializer",
+    "result_serializer": "result_serializer",
+    "accept_content": "accept_content",
+    "task_ignore_result": "ignore_result",
+    "result_expires": "result_expires",
+    "worker_concurrency": "concurrency",
+    "worker_prefetch_multiplier": "prefetch_multiplier",
+    "task_default_retry_delay": "default_retry_delay",
+    "task_always_eager": "always_eager",
+    "task_eager_propagates": "eager_propagates",
+}
+
+
+class Settings(BaseSettings):
+    """Every setting pgtasks reads, with its default."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="PGTASKS_", extra="ignore", validate_assignment=True
+    )
+
+    database_url: str | None = Field(
+        default=None,
+        description="PostgreSQL URL or libpq key=value string. None: an embedded PostgreSQL.",
+    )
+    schema_name: str = Field(default="pgtasks", description="Schema holding every pgtasks table.")
+    default_queue: str = "celery"
+    default_priority: int = 0
+    task_serializer: str = "json"
+    result_serializer: str = "json"
+    accept_content: list[str] = Field(default_factory=lambda: ["json"])
+    ignore_result: bool = False
+    result_expires: float = Field(default=86400.0, description="Seconds results are kept.")
+    finished_task_retention: float = Field(
+        default=3600.0, description="Seconds finished rows stay in the task table."
+    )
+    default_retry_delay: float = 180.0
+    concurrency: int | None = None
+    prefetch_multiplier: int = 1
+    lease_seconds: float = Field(default=30.0, gt=0.5)
+    poll_interval: float = Field(default=0.5, gt=0)
+    listen_notify: bool = Field(default=True, description="False: poll only (PgBouncer).")
+    prepared_statements: bool = Field(default=True, description="False for PgBouncer.")
+    max_lost_attempts: int = Field(
+        default=3, ge=1, description="Workers a task may lose before it is dead-lettered."
+    )
+    unknown_task_delay: float = Field(
+        default=10.0,
+        ge=0,
+        description="Seconds before a task of an unregistered name is offered again.",
+    )
+    shutdown_grace: float = Field(default=30.0, ge=0)
+    max_payload_bytes: int = Field(default=10 * 1024 * 1024, gt=0)
+    always_eager: bool = False
+    eager_propagates: bool = False
+    embedded_dir: str | None = Field(
+        default=None, description="Data folder of the embedded PostgreSQL."
+    )
+    pool_min_size: int = 1
+    pool_max_size: int = 10
+
+    @field_validator("accept_content", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+
+def _env_names() -> set[str]:
+    import os
+
+    return {field for field in Settings.model_fields if f"PGTASKS_{field.upper()}" in os.environ}
+
+
+def normalise(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Map Celery names to ours; names we do not know are kept aside, as Celery keeps them."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        name = CELERY_NAMES.get(key, CELERY_NAMES.get(key.lower(), key.lower()))
+        out[name] = value
+    return out
+
+
+def build(values: Mapping[str, Any]) -> Settings:
+    """Settings from code-given values, with ``PGTASKS_*`` environment variables winning."""
+    known = {k: v for k, v in normalise(values).items() if k in Settings.model_fields}
+    for name in _env_names():
+        known.pop(name, None)
+    try:
+        return Settings(**known)
+    except ValidationError as exc:
+        raise ImproperlyConfigured(_explain(exc)) from None
+
+
+def _explain(exc: ValidationError) -> str:
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+    )
+    return f"invalid pgtasks setting: {problems}"
+
+
+class Conf(dict[str, Any]):
+    """``app.conf``: a dict of settings under their Celery (or pgtasks) names.
+
+    Unknown names are stored, as Celery does; known names are validated when the app reads them.
+    Attribute access works too (``app.conf.task_default_queue``).
+    """
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        self[key] = value
+
+    def update_from(self, items: Iterable[tuple[str, Any]]) -> None:
+        for key, value in items:
+            self[key] = value

@@ -1,0 +1,52 @@
+"""structlog set-up, done by the command line (never at import).
+
+Console output on a terminal, JSON lines otherwise (or as ``--log-format`` says). Every worker
+event carries ``worker_id``; task events carry ``task_id``, ``task_name``, ``queue``, ``attempt``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+LEVELS = {
+    "DEBUG": 10,
+    "INFO": 20,
+    "WARNING": 30,
+    "WARN": 30,
+    "ERROR": 40,
+    "CRITICAL": 50,
+    "FATAL": 50,
+}
+
+
+def setup(level: str = "INFO", fmt: str | None = None) -> None:
+    """Configure structlog (and the stdlib root logger) for a pgtasks process."""
+    numeric = LEVELS.get(level.upper())
+    if numeric is None:
+        raise ValueError(f"unknown log level {level!r}; use one of {', '.join(LEVELS)}")
+    if fmt is None:
+        fmt = "console" if sys.stderr.isatty() else "json"
+    renderer: structlog.typing.Processor
+    if fmt == "json":
+        renderer = structlog.processors.JSONRenderer()
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    processors: list[structlog.typing.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    if fmt == "json":
+        processors.append(structlog.processors.format_exc_info)
+    structlog.configure(
+        processors=[*processors, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    logging.basicConfig(
+        level=numeric, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
+    )

@@ -1,0 +1,81 @@
+"""Small services any worker may run, safe to run on all of them at once.
+
+- ``Reclaimer``: takes back expired leases (crashed or cut-off workers), logging the previous
+  owner; a task that has lost too many workers is dead-lettered ("worker lost"), never looped.
+- ``Pruner``: retention for finished rows and results.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import structlog
+
+from pgtasks.broker import Broker
+
+log = structlog.get_logger("pgtasks")
+
+
+class Reclaimer:
+    def __init__(self, broker: Broker, max_lost: int) -> None:
+        self.broker = broker
+        self.max_lost = max_lost
+
+    def run_once(self) -> int:
+        rows = self.broker.reclaim(self.max_lost)
+        for row in rows:
+            event = "task.dead_lettered" if row["status"] == "DEAD" else "lease.reclaimed"
+            log.warning(
+                event,
+                task_id=row["id"],
+                task_name=row["name"],
+                queue=row["queue"],
+                previous_owner=row["previous_owner"],
+                attempt=row["attempt"],
+                retries=row["retries"],
+                status=row["status"],
+                reason="worker lost" if row["status"] == "DEAD" else "lease expired",
+            )
+        return len(rows)
+
+
+class Pruner:
+    def __init__(self, broker: Broker, task_age: float, result_age: float) -> None:
+        self.broker = broker
+        self.task_age = task_age
+        self.result_age = result_age
+
+    def run_once(self) -> tuple[int, int]:
+        tasks, results = self.broker.prune(self.task_age, self.result_age)
+        if tasks or results:
+            log.info("maintenance.pruned", tasks=tasks, results=results)
+        return tasks, results
+
+
+class Maintenance(threading.Thread):
+    """Runs the reclaimer every ``interval`` seconds and the pruner every minute."""
+
+    def __init__(self, reclaimer: Reclaimer, pruner: Pruner, interval: float) -> None:
+        super().__init__(name="pgtasks-maintenance", daemon=True)
+        self.reclaimer = reclaimer
+        self.pruner = pruner
+        self.interval = interval
+        self.stopped = threading.Event()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def run(self) -> None:
+        next_prune = time.monotonic() + 5.0
+        while not self.stopped.wait(self.interval):
+            try:
+                self.reclaimer.run_once()
+                if time.monotonic() >= next_prune:
+                    self.pruner.run_once()
+                    next_prune = time.monotonic() + 60.0
+            except psycopg.OperationalError as exc:
+                log.warning("worker.db_unavailable", during="maintenance", error=str(exc).strip())
+            except Exception:
+                log.exception("worker.loop_error", during="maintenance")

@@ -1,0 +1,59 @@
+"""The immutable envelopes that travel between the API, the broker and the worker.
+
+``TaskMessage`` is one enqueued call as its row will hold it; ``ClaimedTask`` is a row a worker
+has claimed. Header names follow Celery's message protocol v2 where Celery has one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pgtasks.serialization import Encoded
+
+
+@dataclass(frozen=True)
+class TaskMessage:
+    """One call of a task, ready to be written as a row."""
+
+    id: str
+    name: str
+    queue: str
+    priority: int
+    body: Encoded
+    headers: dict[str, Any] = field(default_factory=dict)
+    eta: datetime | None = None
+    countdown: float | None = None
+    expires_at: datetime | None = None
+    expires_in: float | None = None
+    max_retries: int | None = None
+
+
+@dataclass(frozen=True)
+class ClaimedTask:
+    """A row this worker owns until its lease runs out: ``(id, attempt)`` is the fencing token."""
+
+    id: str
+    name: str
+    queue: str
+    priority: int
+    attempt: int
+    retries: int
+    max_retries: int | None
+    content_type: str
+    content_encoding: str
+    payload: str | None
+    payload_raw: bytes | None
+    headers: dict[str, Any]
+    run_at: datetime
+    expires_at: datetime | None
+    expired: bool
+    created_at: datetime
+
+    @property
+    def body(self) -> bytes | str:
+        """The serialized ``[args, kwargs]`` whichever column holds it."""
+        if self.payload is not None:
+            return self.payload
+        return self.payload_raw or b""

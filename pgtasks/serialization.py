@@ -1,0 +1,101 @@
+"""The bridge to kombu's serializer registry: task arguments and results in and out of rows.
+
+json (kombu's, so datetimes, UUIDs and Decimals survive as in Celery) is the default and is stored
+as JSONB so operators can query payloads; any other content type is stored as bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from kombu import serialization
+from kombu.exceptions import ContentDisallowed, DecodeError, EncodeError
+
+JSON = "application/json"
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A serialized value as a row stores it."""
+
+    content_type: str
+    content_encoding: str
+    data: bytes
+
+    @property
+    def json_text(self) -> str | None:
+        """The text for a JSONB column, or None when this is not json."""
+        return self.data.decode("utf-8") if self.content_type == JSON else None
+
+    @property
+    def raw(self) -> bytes | None:
+        """The bytes for the bytea column, or None when this is json."""
+        return None if self.content_type == JSON else self.data
+
+
+def encode(value: Any, serializer: str) -> Encoded:
+    """Serialize with kombu's registry; raises kombu's ``EncodeError`` with the reason."""
+    try:
+        content_type, encoding, data = serialization.dumps(  # type: ignore[no-untyped-call]
+            value, serializer=serializer
+        )
+    except EncodeError:
+        raise
+    except Exception as exc:  # kombu wraps most errors; be sure every one reads the same
+        raise EncodeError(str(exc)) from exc
+    if isinstance(data, str):
+        data = data.encode(encoding or "utf-8")
+    return Encoded(content_type, encoding or "binary", data)
+
+
+def decode(
+    data: bytes | str,
+    content_type: str,
+    content_encoding: str,
+    accept: Iterable[str] | None,
+) -> Any:
+    """Deserialize; raises ``ContentDisallowed`` for a type not accepted, ``DecodeError`` else."""
+    allowed = (
+        None
+        if accept is None
+        else serialization.prepare_accept_content(  # type: ignore[no-untyped-call]
+            list(accept)
+        )
+    )
+    try:
+        return serialization.loads(  # type: ignore[no-untyped-call]
+            data, content_type, content_encoding, accept=allowed
+        )
+    except (ContentDisallowed, DecodeError):
+        raise
+    except Exception as exc:
+        raise DecodeError(str(exc)) from exc
+
+
+def find_unencodable(args: Iterable[Any], kwargs: dict[str, Any], serializer: str) -> str | None:
+    """Name the first argument that will not serialize (for the error message), if any."""
+    for index, arg in enumerate(args):
+        try:
+            encode(arg, serializer)
+        except EncodeError:
+            return f"args[{index}] ({type(arg).__name__})"
+    for key, value in kwargs.items():
+        try:
+            encode(value, serializer)
+        except EncodeError:
+            return f"kwargs[{key!r}] ({type(value).__name__})"
+    return None
+
+
+__all__ = [
+    "JSON",
+    "ContentDisallowed",
+    "DecodeError",
+    "EncodeError",
+    "Encoded",
+    "decode",
+    "encode",
+    "find_unencodable",
+]

@@ -1,0 +1,290 @@
+-- Every query pgtasks runs at run time, by name. Loaded once by pgtasks.sql; executed only by
+-- pgtasks.broker. {schema} is replaced by the quoted schema identifier, never by string pasting
+-- of user input. Parameters are psycopg named placeholders.
+
+-- name: insert_task
+-- Enqueue one task; relative times (countdown, expires in seconds) use the database clock.
+INSERT INTO {schema}.tasks
+    (id, name, queue, priority, run_at, expires_at, content_type, content_encoding,
+     payload, payload_raw, headers, max_retries)
+VALUES
+    (%(id)s, %(name)s, %(queue)s, %(priority)s,
+     COALESCE(%(eta)s::timestamptz, now() + make_interval(secs => COALESCE(%(countdown)s::float8, 0))),
+     COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)),
+     %(content_type)s, %(content_encoding)s, %(payload)s::jsonb, %(payload_raw)s::bytea,
+     %(headers)s::jsonb, %(max_retries)s)
+
+-- name: insert_tasks
+-- Enqueue many tasks in one statement (group, apply_many); one array per column.
+INSERT INTO {schema}.tasks
+    (id, name, queue, priority, run_at, expires_at, content_type, content_encoding,
+     payload, payload_raw, headers, max_retries)
+SELECT i.id, i.name, i.queue, i.priority,
+       COALESCE(i.eta, now() + make_interval(secs => COALESCE(i.countdown, 0))),
+       COALESCE(i.expires_at, now() + make_interval(secs => i.expires_in)),
+       i.content_type, i.content_encoding, i.payload, i.payload_raw, i.headers, i.max_retries
+  FROM unnest(%(id)s::text[], %(name)s::text[], %(queue)s::text[], %(priority)s::int[],
+              %(eta)s::timestamptz[], %(countdown)s::float8[], %(expires_at)s::timestamptz[],
+              %(expires_in)s::float8[], %(content_type)s::text[], %(content_encoding)s::text[],
+              %(payload)s::jsonb[], %(payload_raw)s::bytea[], %(headers)s::jsonb[],
+              %(max_retries)s::int[])
+    AS i(id, name, queue, priority, eta, countdown, expires_at, expires_in, content_type,
+         content_encoding, payload, payload_raw, headers, max_retries)
+
+-- name: claim_batch
+-- Claim up to %(limit)s due PENDING rows of the given queues in priority order, in one statement:
+-- lock with SKIP LOCKED, mark RUNNING under this worker's lease, bump the attempt (the fencing token).
+WITH due AS (
+    SELECT id
+      FROM {schema}.tasks
+     WHERE status = 'PENDING'
+       AND queue = ANY(%(queues)s::text[])
+       AND run_at <= now()
+     ORDER BY priority DESC, run_at, created_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.tasks AS t
+   SET status = 'RUNNING',
+       claimed_by = %(worker)s,
+       attempt = t.attempt + 1,
+       lease_until = now() + make_interval(secs => %(lease)s::float8),
+       updated_at = now()
+  FROM due
+ WHERE t.id = due.id
+RETURNING t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
+          t.content_type, t.content_encoding, t.payload::text AS payload, t.payload_raw,
+          t.headers, t.run_at, t.expires_at,
+          (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
+          t.created_at
+
+-- name: renew_leases
+-- Extend the lease of every task this worker still owns; a row missing from the result was lost.
+-- cancel_requested tells the worker that a running task was revoked.
+UPDATE {schema}.tasks AS t
+   SET lease_until = now() + make_interval(secs => %(lease)s::float8)
+  FROM unnest(%(ids)s::text[], %(attempts)s::int[]) AS i(id, attempt)
+ WHERE t.id = i.id AND t.attempt = i.attempt
+   AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+RETURNING t.id, t.cancel_requested
+
+-- name: complete_batch
+-- Fenced success for many tasks: COMPLETED (CANCELLED when a revoke arrived while it ran),
+-- result row where results are kept, attempt history. Returns the rows this worker still owned.
+WITH input AS (
+    SELECT *
+      FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(store)s::bool[],
+                  %(content_types)s::text[], %(results)s::bytea[], %(started)s::timestamptz[])
+        AS i(id, attempt, store, content_type, result, started_at)
+), done AS (
+    UPDATE {schema}.tasks AS t
+       SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'COMPLETED' END,
+           error = CASE WHEN t.cancel_requested THEN 'revoked while running' END,
+           claimed_by = NULL, lease_until = NULL, updated_at = now()
+      FROM input AS i
+     WHERE t.id = i.id AND t.attempt = i.attempt
+       AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+    RETURNING t.id, t.attempt, t.status
+), saved AS (
+    INSERT INTO {schema}.results AS r (task_id, state, content_type, result, traceback, date_done)
+    SELECT d.id, CASE d.status WHEN 'COMPLETED' THEN 'SUCCESS' ELSE 'REVOKED' END,
+           i.content_type, CASE d.status WHEN 'COMPLETED' THEN i.result END, NULL, now()
+      FROM done AS d JOIN input AS i USING (id)
+     WHERE i.store
+    ON CONFLICT (task_id) DO UPDATE
+       SET state = EXCLUDED.state, content_type = EXCLUDED.content_type,
+           result = EXCLUDED.result, traceback = NULL, date_done = EXCLUDED.date_done
+), history AS (
+    INSERT INTO {schema}.attempts (task_id, attempt, worker, started_at, outcome)
+    SELECT d.id, d.attempt, %(worker)s, i.started_at, lower(d.status)
+      FROM done AS d JOIN input AS i USING (id)
+    ON CONFLICT DO NOTHING
+)
+SELECT id, status FROM done
+
+-- name: fail_batch
+-- Fenced terminal failure: FAILED (a non-retried error) or DEAD (retry budget spent, worker lost,
+-- undecodable payload), keeping payload, error and traceback. A revoke that arrived wins.
+WITH input AS (
+    SELECT *
+      FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(statuses)s::text[], %(errors)s::text[],
+                  %(tracebacks)s::text[], %(store)s::bool[], %(content_types)s::text[],
+                  %(results)s::bytea[], %(started)s::timestamptz[])
+        AS i(id, attempt, status, error, traceback, store, content_type, result, started_at)
+), done AS (
+    UPDATE {schema}.tasks AS t
+       SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE i.status END,
+           error = i.error, traceback = i.traceback,
+           claimed_by = NULL, lease_until = NULL, updated_at = now()
+      FROM input AS i
+     WHERE t.id = i.id AND t.attempt = i.attempt
+       AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+    RETURNING t.id, t.attempt, t.status
+), saved AS (
+    INSERT INTO {schema}.results AS r (task_id, state, content_type, result, traceback, date_done)
+    SELECT d.id, CASE d.status WHEN 'CANCELLED' THEN 'REVOKED' ELSE 'FAILURE' END,
+           i.content_type, i.result, i.traceback, now()
+      FROM done AS d JOIN input AS i USING (id)
+     WHERE i.store
+    ON CONFLICT (task_id) DO UPDATE
+       SET state = EXCLUDED.state, content_type = EXCLUDED.content_type,
+           result = EXCLUDED.result, traceback = EXCLUDED.traceback, date_done = EXCLUDED.date_done
+), history AS (
+    INSERT INTO {schema}.attempts (task_id, attempt, worker, started_at, outcome, error)
+    SELECT d.id, d.attempt, %(worker)s, i.started_at, lower(d.status), i.error
+      FROM done AS d JOIN input AS i USING (id)
+    ON CONFLICT DO NOTHING
+)
+SELECT id, status FROM done
+
+-- name: retry_batch
+-- Fenced retry: back to PENDING at the given time (eta, or now() + delay on the database clock),
+-- with the retry count written in the same statement. A revoke that arrived wins (CANCELLED).
+WITH input AS (
+    SELECT *
+      FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(retries)s::int[], %(delays)s::float8[],
+                  %(etas)s::timestamptz[], %(errors)s::text[], %(tracebacks)s::text[],
+                  %(outcomes)s::text[], %(started)s::timestamptz[])
+        AS i(id, attempt, retries, delay, eta, error, traceback, outcome, started_at)
+), done AS (
+    UPDATE {schema}.tasks AS t
+       SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
+           retries = i.retries,
+           run_at = COALESCE(i.eta, now() + make_interval(secs => i.delay)),
+           error = i.error, traceback = i.traceback,
+           claimed_by = NULL, lease_until = NULL, updated_at = now()
+      FROM input AS i
+     WHERE t.id = i.id AND t.attempt = i.attempt
+       AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+    RETURNING t.id, t.attempt, t.status, t.run_at
+), history AS (
+    INSERT INTO {schema}.attempts (task_id, attempt, worker, started_at, outcome, error)
+    SELECT d.id, d.attempt, %(worker)s, i.started_at, i.outcome, i.error
+      FROM done AS d JOIN input AS i USING (id)
+     WHERE i.outcome IS NOT NULL
+    ON CONFLICT DO NOTHING
+)
+SELECT id, status, run_at FROM done
+
+-- name: release_batch
+-- Fenced hand-back of claimed rows that never started (shutdown, unknown task name): PENDING
+-- again after the given delay, the claim's attempt given back. A revoke that arrived wins.
+UPDATE {schema}.tasks AS t
+   SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
+       attempt = t.attempt - 1,
+       run_at = now() + make_interval(secs => i.delay),
+       error = COALESCE(i.error, t.error),
+       claimed_by = NULL, lease_until = NULL, updated_at = now()
+  FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(delays)s::float8[], %(errors)s::text[])
+    AS i(id, attempt, delay, error)
+ WHERE t.id = i.id AND t.attempt = i.attempt
+   AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+RETURNING t.id, t.status
+
+-- name: reclaim_expired
+-- Take back rows whose lease ran out (their worker died or lost the database): PENDING again,
+-- or DEAD with reason "worker lost" once the task has lost %(max_lost)s workers. Returns the
+-- previous owner for the log.
+WITH expired AS (
+    SELECT id, claimed_by, attempt, lease_until
+      FROM {schema}.tasks
+     WHERE status = 'RUNNING' AND lease_until < now()
+     ORDER BY lease_until
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), done AS (
+    UPDATE {schema}.tasks AS t
+       SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED'
+                         WHEN t.attempt - t.retries >= %(max_lost)s THEN 'DEAD'
+                         ELSE 'PENDING' END,
+           error = 'worker lost: lease of ' || e.claimed_by || ' expired at ' || e.lease_until::text,
+           run_at = now(), claimed_by = NULL, lease_until = NULL, updated_at = now()
+      FROM expired AS e
+     WHERE t.id = e.id
+    RETURNING t.id, t.name, t.queue, t.status, t.attempt, t.retries, e.claimed_by AS previous_owner
+), history AS (
+    INSERT INTO {schema}.attempts (task_id, attempt, worker, outcome, error)
+    SELECT d.id, d.attempt, d.previous_owner, 'lost', 'lease expired'
+      FROM done AS d
+    ON CONFLICT DO NOTHING
+)
+SELECT id, name, queue, status, attempt, retries, previous_owner FROM done
+
+-- name: revoke
+-- Cancel a task: PENDING becomes CANCELLED at once; RUNNING gets cancel_requested, which blocks a
+-- SUCCESS write and reaches the worker with its next renewal.
+UPDATE {schema}.tasks
+   SET status = CASE WHEN status = 'PENDING' THEN 'CANCELLED' ELSE status END,
+       cancel_requested = true,
+       error = CASE WHEN status = 'PENDING' THEN 'revoked' ELSE error END,
+       updated_at = now()
+ WHERE id = %(id)s AND status IN ('PENDING', 'RUNNING')
+RETURNING status
+
+-- name: get_result
+-- What AsyncResult needs: the live row (if still there) and the stored result (if kept).
+SELECT t.status, t.retries, t.error, t.traceback AS task_traceback, t.name,
+       r.state, r.content_type, r.content_encoding, r.result, r.traceback, r.date_done
+  FROM (SELECT %(id)s::text AS id) AS k
+  LEFT JOIN {schema}.tasks AS t ON t.id = k.id
+  LEFT JOIN {schema}.results AS r ON r.task_id = k.id
+
+-- name: get_task
+-- One task row, for inspection and tests.
+SELECT id, name, queue, priority, status, run_at, expires_at, attempt, retries, max_retries,
+       claimed_by, lease_until, cancel_requested, error, traceback, headers,
+       payload::text AS payload, content_type, created_at, updated_at
+  FROM {schema}.tasks
+ WHERE id = %(id)s
+
+-- name: forget_result
+-- Drop a stored result (AsyncResult.forget).
+DELETE FROM {schema}.results WHERE task_id = %(id)s
+
+-- name: register_worker
+-- Announce a worker (for status and inspect); refreshed by heartbeat_worker.
+INSERT INTO {schema}.workers (id, host, pid, queues, concurrency)
+VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s)
+ON CONFLICT (id) DO UPDATE
+   SET host = EXCLUDED.host, pid = EXCLUDED.pid, queues = EXCLUDED.queues,
+       concurrency = EXCLUDED.concurrency, heartbeat_at = now()
+
+-- name: heartbeat_worker
+-- Mark a worker alive.
+UPDATE {schema}.workers SET heartbeat_at = now() WHERE id = %(id)s
+
+-- name: unregister_worker
+-- Remove a worker that stopped cleanly.
+DELETE FROM {schema}.workers WHERE id = %(id)s
+
+-- name: purge
+-- Delete waiting tasks (of the given queues, or all when NULL); running ones are left alone.
+DELETE FROM {schema}.tasks
+ WHERE status = 'PENDING'
+   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+
+-- name: prune_finished
+-- Retention: remove finished rows and old results past their age.
+WITH tasks_gone AS (
+    DELETE FROM {schema}.tasks
+     WHERE id IN (SELECT id FROM {schema}.tasks
+                   WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED')
+                     AND updated_at < now() - make_interval(secs => %(task_age)s::float8)
+                   LIMIT %(limit)s)
+    RETURNING 1
+), results_gone AS (
+    DELETE FROM {schema}.results
+     WHERE task_id IN (SELECT task_id FROM {schema}.results
+                        WHERE date_done < now() - make_interval(secs => %(result_age)s::float8)
+                        LIMIT %(limit)s)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM tasks_gone) AS tasks, (SELECT count(*) FROM results_gone) AS results
+
+-- name: count_by_status
+-- Row counts by queue and status, for status commands and tests.
+SELECT queue, status, count(*) AS n FROM {schema}.tasks GROUP BY queue, status ORDER BY queue, status
+
+-- name: schema_version
+-- The newest applied migration, or NULL when the schema has none.
+SELECT max(version) AS version FROM {schema}.migrations

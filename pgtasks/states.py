@@ -1,0 +1,46 @@
+"""Task states: the rows' statuses and Celery's state names, and the mapping between them."""
+
+from __future__ import annotations
+
+# Celery's state names, as AsyncResult.state reports them.
+PENDING = "PENDING"
+RECEIVED = "RECEIVED"
+STARTED = "STARTED"
+SUCCESS = "SUCCESS"
+FAILURE = "FAILURE"
+REVOKED = "REVOKED"
+REJECTED = "REJECTED"
+RETRY = "RETRY"
+IGNORED = "IGNORED"
+
+READY_STATES = frozenset({SUCCESS, FAILURE, REVOKED})
+UNREADY_STATES = frozenset({PENDING, RECEIVED, STARTED, REJECTED, RETRY})
+EXCEPTION_STATES = frozenset({RETRY, FAILURE, REVOKED})
+PROPAGATE_STATES = frozenset({FAILURE, REVOKED})
+ALL_STATES = frozenset({PENDING, RECEIVED, STARTED, SUCCESS, FAILURE, RETRY, REVOKED})
+
+
+class Status:
+    """The ``status`` column of a task row."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    DEAD = "DEAD"
+
+    TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED, DEAD})
+
+
+def celery_state(status: str | None, retries: int = 0) -> str:
+    """The Celery state a row's status shows as (PENDING for an unknown task, as in Celery)."""
+    if status is None or status == Status.PENDING:
+        return RETRY if status is not None and retries > 0 else PENDING
+    return {
+        Status.RUNNING: STARTED,
+        Status.COMPLETED: SUCCESS,
+        Status.FAILED: FAILURE,
+        Status.DEAD: FAILURE,
+        Status.CANCELLED: REVOKED,
+    }[status]

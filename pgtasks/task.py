@@ -1,0 +1,409 @@
+"""Task: the decorated function, with Celery's calling API (delay, apply_async, retry)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+
+from pgtasks import exceptions
+from pgtasks.request import Request
+from pgtasks.retry import exponential_backoff
+from pgtasks.serialization import EncodeError, encode, find_unencodable
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from pgtasks.app import Celery
+    from pgtasks.message import TaskMessage
+    from pgtasks.result import AsyncResult
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Task(Generic[P, R]):
+    """A registered task. Calling it runs the function here; ``delay`` enqueues a row.
+
+    Class attributes are the defaults that ``@app.task(...)`` options override, with Celery's
+    names and values.
+    """
+
+    name: str = ""
+    max_retries: int | None = 3
+    default_retry_delay: float = 180.0
+    autoretry_for: tuple[type[BaseException], ...] = ()
+    retry_kwargs: dict[str, Any] = {}
+    retry_backoff: bool | float = False
+    retry_backoff_max: float = 600.0
+    retry_jitter: bool = True
+    priority: int | None = None
+    queue: str | None = None
+    ignore_result: bool | None = None
+    serializer: str | None = None
+    typing: bool = True
+
+    MaxRetriesExceededError = exceptions.MaxRetriesExceededError
+
+    def __init__(
+        self, app: Celery, fun: Callable[..., R], name: str, bind: bool, **options: Any
+    ) -> None:
+        self.app = app
+        self.fun = fun
+        self.name = name
+        self.bind = bind
+        for key, value in options.items():
+            setattr(self, key, value)
+        if self.autoretry_for and not isinstance(self.autoretry_for, tuple):
+            self.autoretry_for = tuple(self.autoretry_for)
+        self._local = threading.local()
+        self.__doc__ = fun.__doc__
+        self.__name__ = getattr(fun, "__name__", name)
+        self.__module__ = getattr(fun, "__module__", __name__)
+        self.__wrapped__ = fun
+
+    def __repr__(self) -> str:
+        return f"<@task: {self.name}>"
+
+    # -- running -----------------------------------------------------------------------------
+
+    @property
+    def request(self) -> Request:
+        """The context of the call running in this thread (a direct call when none is)."""
+        stack: list[Request] = getattr(self._local, "stack", [])
+        return stack[-1] if stack else Request()
+
+    def push_request(self, request: Request) -> None:
+        stack: list[Request] = self._local.__dict__.setdefault("stack", [])
+        stack.append(request)
+
+    def pop_request(self) -> None:
+        self._local.stack.pop()
+
+    def run(self, *args: Any, **kwargs: Any) -> R:
+        """Run the task body with ``autoretry_for`` applied; the worker calls this."""
+        try:
+            if self.bind:
+                return self.fun(self, *args, **kwargs)
+            return self.fun(*args, **kwargs)
+        except exceptions.Retry:
+            raise
+        except self.autoretry_for as exc:
+            if self.retry_backoff:
+                countdown = exponential_backoff(
+                    self.request.retries,
+                    factor=float(self.retry_backoff),
+                    maximum=self.retry_backoff_max,
+                    full_jitter=self.retry_jitter,
+                )
+                self.retry(exc=exc, countdown=countdown, **self.retry_kwargs)
+            self.retry(exc=exc, **self.retry_kwargs)
+            raise  # pragma: no cover - retry always raises
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run the function in this process, as Celery does (``request.called_directly``)."""
+        self.push_request(Request(args=tuple(args), kwargs=dict(kwargs), called_directly=True))
+        try:
+            if self.bind:
+                return self.fun(self, *args, **kwargs)
+            return self.fun(*args, **kwargs)
+        finally:
+            self.pop_request()
+
+    # -- hooks (override in a ``base=`` subclass) --------------------------------------------
+
+    def before_start(self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Called in the worker before the task runs."""
+
+    def on_success(
+        self, retval: Any, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        """Called in the worker after the task returned."""
+
+    def on_failure(
+        self,
+        exc: BaseException,
+        task_id: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        einfo: Any,
+    ) -> None:
+        """Called in the worker when the task failed for good."""
+
+    def on_retry(
+        self,
+        exc: BaseException,
+        task_id: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        einfo: Any,
+    ) -> None:
+        """Called in the worker when the task will be retried."""
+
+    def after_return(
+        self,
+        status: str,
+        retval: Any,
+        task_id: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        einfo: Any,
+    ) -> None:
+        """Called in the worker after any outcome."""
+
+    # -- enqueueing ----------------------------------------------------------------------------
+
+    def delay(self, *args: P.args, **kwargs: P.kwargs) -> AsyncResult:
+        """Enqueue a call with default options; the row is committed when this returns."""
+        return self.apply_async(args, kwargs)
+
+    def apply_async(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        *,
+        task_id: str | None = None,
+        countdown: float | None = None,
+        eta: datetime | None = None,
+        expires: float | datetime | timedelta | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+        headers: dict[str, Any] | None = None,
+        serializer: str | None = None,
+        ignore_result: bool | None = None,
+        max_retries: int | None = None,
+        connection: psycopg.Connection[Any] | None = None,
+        **options: Any,
+    ) -> AsyncResult:
+        """Enqueue a call. ``eta``/``countdown`` set when it may run, ``expires`` when it stops
+        being worth running; ``connection`` enqueues inside that connection's transaction."""
+        if self.app.settings.always_eager:
+            return self.apply(args, kwargs, task_id=task_id)
+        msg = self.build_message(
+            args,
+            kwargs,
+            task_id=task_id,
+            countdown=countdown,
+            eta=eta,
+            expires=expires,
+            priority=priority,
+            queue=queue,
+            headers=headers,
+            serializer=serializer,
+            ignore_result=ignore_result,
+            max_retries=max_retries,
+            **options,
+        )
+        self.app.broker.enqueue(msg, conn=connection)
+        return self.app.AsyncResult(msg.id, task_name=self.name)
+
+    def apply_many(
+        self,
+        calls: Sequence[tuple[Sequence[Any], dict[str, Any]] | Sequence[Any]],
+        connection: psycopg.Connection[Any] | None = None,
+        **options: Any,
+    ) -> list[AsyncResult]:
+        """Enqueue many calls in one statement. Each item is ``(args, kwargs)`` or an args tuple."""
+        msgs = []
+        for call in calls:
+            if len(call) == 2 and isinstance(call[1], dict) and isinstance(call[0], (list, tuple)):
+                args, kwargs = call[0], call[1]
+            else:
+                args, kwargs = tuple(call), {}
+            msgs.append(self.build_message(args, kwargs, **options))
+        self.app.broker.enqueue_many(msgs, conn=connection)
+        return [self.app.AsyncResult(m.id, task_name=self.name) for m in msgs]
+
+    def build_message(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        *,
+        task_id: str | None = None,
+        countdown: float | None = None,
+        eta: datetime | None = None,
+        expires: float | datetime | timedelta | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+        headers: dict[str, Any] | None = None,
+        serializer: str | None = None,
+        ignore_result: bool | None = None,
+        max_retries: int | None = None,
+        **options: Any,
+    ) -> TaskMessage:
+        """The row a call would write, with every option checked."""
+        from pgtasks.message import TaskMessage
+
+        settings = self.app.settings
+        args = tuple(args or ())
+        kwargs = dict(kwargs or {})
+        serializer = serializer or self.serializer or settings.task_serializer
+        try:
+            body = encode([list(args), kwargs], serializer)
+        except EncodeError as exc:
+            culprit = find_unencodable(args, kwargs, serializer)
+            where = f" {culprit}" if culprit else ""
+            raise EncodeError(
+                f"cannot enqueue {self.name}: argument{where} cannot be serialized with "
+                f"{serializer!r}: {exc}"
+            ) from exc
+        if len(body.data) > settings.max_payload_bytes:
+            raise EncodeError(
+                f"cannot enqueue {self.name}: payload is {len(body.data)} bytes, over the "
+                f"{settings.max_payload_bytes}-byte limit (max_payload_bytes); pass a reference "
+                "to the data instead"
+            )
+        if countdown is not None and eta is not None:
+            raise ValueError("give eta or countdown, not both")
+        if countdown is not None:
+            countdown = _seconds("countdown", countdown)
+        if eta is not None:
+            eta = _aware("eta", eta)
+        expires_at: datetime | None = None
+        expires_in: float | None = None
+        if isinstance(expires, datetime):
+            expires_at = _aware("expires", expires)
+        elif expires is not None:
+            expires_in = _seconds("expires", expires)
+        if priority is None:
+            priority = self.priority if self.priority is not None else settings.default_priority
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an integer, not {type(priority).__name__}")
+        if not -(2**31) <= priority < 2**31:
+            raise ValueError(f"priority {priority} is out of range (a 32-bit integer)")
+        queue = queue or self.queue or self.app.route(self.name) or settings.default_queue
+        if not isinstance(queue, str) or not queue:
+            raise ValueError("queue must be a non-empty string")
+        all_headers: dict[str, Any] = dict(headers or {})
+        if ignore_result is None:
+            ignore_result = (
+                self.ignore_result if self.ignore_result is not None else settings.ignore_result
+            )
+        if ignore_result:
+            all_headers["ignore_result"] = True
+        if serializer != settings.result_serializer:
+            all_headers.setdefault("result_serializer", settings.result_serializer)
+        if options:
+            # Celery options without a meaning here are accepted, so calling code keeps working.
+            all_headers.setdefault("options", {k: v for k, v in options.items() if _is_plain(v)})
+        return TaskMessage(
+            id=task_id or str(uuid.uuid4()),
+            name=self.name,
+            queue=queue,
+            priority=priority,
+            body=body,
+            headers=all_headers,
+            eta=eta,
+            countdown=countdown,
+            expires_at=expires_at,
+            expires_in=expires_in,
+            max_retries=max_retries if max_retries is not None else self.max_retries,
+        )
+
+    def apply(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        task_id: str | None = None,
+        **options: Any,
+    ) -> AsyncResult:
+        """Run the task here and now (``task_always_eager``), returning an EagerResult."""
+        from pgtasks.result import EagerResult
+        from pgtasks.serialization import decode
+
+        settings = self.app.settings
+        serializer = self.serializer or settings.task_serializer
+        # Round-trip the arguments through the serializer, like current Celery does.
+        body = encode([list(args or ()), dict(kwargs or {})], serializer)
+        a, kw = decode(body.data, body.content_type, body.content_encoding, None)
+        tid = task_id or str(uuid.uuid4())
+        self.push_request(
+            Request(id=tid, args=tuple(a), kwargs=kw, is_eager=True, called_directly=False)
+        )
+        try:
+            value = self.run(*a, **kw)
+        except exceptions.Retry as exc:
+            return EagerResult(tid, exc.exc or exc, "RETRY", self.name)
+        except Exception as exc:
+            if settings.eager_propagates:
+                raise
+            return EagerResult(tid, exc, "FAILURE", self.name)
+        finally:
+            self.pop_request()
+        return EagerResult(tid, value, "SUCCESS", self.name)
+
+    # -- retrying ------------------------------------------------------------------------------
+
+    def retry(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        exc: BaseException | None = None,
+        throw: bool = True,
+        eta: datetime | None = None,
+        countdown: float | None = None,
+        max_retries: int | None = None,
+        **options: Any,
+    ) -> exceptions.Retry:
+        """Ask for this call to run again later; raises ``Retry`` (Celery semantics).
+
+        Past ``max_retries`` the given ``exc`` is raised (or ``MaxRetriesExceededError``), and
+        the row is dead-lettered with its payload and traceback.
+        """
+        request = self.request
+        if request.called_directly:
+            if exc is not None:
+                raise exc
+            raise exceptions.Retry("task called directly: nothing to retry", exc=exc)
+        limit = (
+            max_retries
+            if max_retries is not None
+            else (request.max_retries if request.max_retries is not None else self.max_retries)
+        )
+        if limit is not None and request.retries >= limit:
+            request.retries_exhausted = True
+            if exc is not None:
+                raise exc
+            raise self.MaxRetriesExceededError(
+                f"Can't retry {self.name}[{request.id}] args:{request.args} kwargs:{request.kwargs}"
+            )
+        when: float | datetime
+        if eta is not None:
+            when = _aware("eta", eta)
+        else:
+            when = _seconds(
+                "countdown", countdown if countdown is not None else self.default_retry_delay
+            )
+        ret = exceptions.Retry(exc=exc, when=when)
+        if throw:
+            raise ret
+        return ret
+
+
+def _seconds(what: str, value: Any) -> float:
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
+    seconds = float(value)
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        raise ValueError(f"{what} must be a finite number of seconds")
+    if abs(seconds) > 100 * 365 * 86400:
+        raise ValueError(f"{what} of {seconds} seconds is out of range")
+    return seconds
+
+
+def _aware(what: str, value: Any) -> datetime:
+    if not isinstance(value, datetime):
+        raise TypeError(f"{what} must be a datetime, not {type(value).__name__}")
+    when: datetime = value
+    if when.tzinfo is None:
+        # Celery treats naive datetimes as UTC when enable_utc is on (its default).
+        when = when.replace(tzinfo=timezone.utc)
+    return when
+
+
+def _is_plain(value: Any) -> bool:
+    return isinstance(value, (str, int, float, bool, type(None)))

@@ -1,0 +1,110 @@
+"""Batched, fenced finalisation.
+
+Outcomes queue up here from the pool; one thread writes them in batches (one statement per kind
+per batch). A database error keeps the batch and tries again with backoff, so an outcome is
+never dropped by the worker itself; a row the worker no longer owns is discarded and logged
+(``lease.lost``).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Union
+
+import psycopg
+import structlog
+
+from pgtasks.broker import Broker, Failure, Release, RetryAt, Success
+
+Final = Union[Success, Failure, RetryAt, Release]  # noqa: UP007 - a runtime alias on 3.10
+log = structlog.get_logger("pgtasks")
+
+
+class Completer(threading.Thread):
+    """Writes final states for one worker."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        worker_id: str,
+        on_written: Callable[[Final, str | None], None],
+        max_batch: int = 1000,
+    ) -> None:
+        super().__init__(name="pgtasks-completer", daemon=True)
+        self.broker = broker
+        self.worker_id = worker_id
+        self.on_written = on_written
+        self.max_batch = max_batch
+        self._queue: queue.SimpleQueue[Final | None] = queue.SimpleQueue()
+        self._stop_requested = threading.Event()
+        self.pending = 0
+        self._lock = threading.Lock()
+
+    def put(self, item: Final) -> None:
+        with self._lock:
+            self.pending += 1
+        self._queue.put(item)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Write everything queued, then stop."""
+        self._stop_requested.set()
+        self._queue.put(None)
+        self.join(timeout)
+
+    def run(self) -> None:
+        while True:
+            try:
+                first = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                if self._stop_requested.is_set():
+                    return
+                continue
+            batch: list[Final] = [] if first is None else [first]
+            while len(batch) < self.max_batch:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    batch.append(item)
+            if batch:
+                self._write(batch)
+            if first is None and self._stop_requested.is_set() and self._queue.empty():
+                return
+
+    def _write(self, batch: Sequence[Final]) -> None:
+        groups: dict[type, list[Any]] = {}
+        for item in batch:
+            groups.setdefault(type(item), []).append(item)
+        for kind, items in groups.items():
+            statuses = self._with_retries(kind, items)
+            for item in items:
+                self.on_written(item, statuses.get(item.id))
+            with self._lock:
+                self.pending -= len(items)
+
+    def _with_retries(self, kind: type, items: list[Any]) -> dict[str, str]:
+        writers: dict[type, Callable[[str, list[Any]], dict[str, str]]] = {
+            Success: self.broker.complete,
+            Failure: self.broker.fail,
+            RetryAt: self.broker.retry,
+            Release: self.broker.release,
+        }
+        write = writers[kind]
+        delay = 0.1
+        while True:
+            try:
+                return write(self.worker_id, items)
+            except psycopg.OperationalError as exc:
+                log.warning(
+                    "worker.db_unavailable",
+                    during="finalise",
+                    error=str(exc).strip(),
+                    retry_in=round(delay, 2),
+                    waiting=len(items),
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)

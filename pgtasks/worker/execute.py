@@ -1,0 +1,194 @@
+"""Running one task call and describing what happened, the same way in every pool.
+
+``execute`` runs where the task runs (a pool thread or a prefork child); the ``Outcome`` it
+returns is plain data the main process turns into one fenced statement.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback as tb
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from pgtasks import exceptions
+from pgtasks.request import Request
+from pgtasks.result import exception_to_dict
+from pgtasks.serialization import Encoded, EncodeError, encode
+
+if TYPE_CHECKING:
+    from pgtasks.app import Celery
+
+
+@dataclass(frozen=True)
+class Job:
+    """One claimed call, ready to run (picklable, for prefork children)."""
+
+    id: str
+    name: str
+    attempt: int
+    retries: int
+    max_retries: int | None
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    queue: str
+    headers: dict[str, Any]
+    eta: datetime | None
+    expires: datetime | None
+    hostname: str
+    store_result: bool
+    result_serializer: str
+
+
+# Outcome kinds, one per fenced statement family.
+SUCCESS = "success"
+FAILURE = "failure"  # FAILED, or DEAD when retries_exhausted
+RETRY = "retry"
+REJECT_REQUEUE = "reject_requeue"
+IGNORED = "ignored"
+LOST = "lost"  # the process running it died
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What running a Job produced."""
+
+    id: str
+    attempt: int
+    kind: str
+    started: float
+    runtime: float
+    result: Encoded | None = None
+    error: str | None = None
+    traceback: str | None = None
+    retry_when: float | datetime | None = None
+    retries_exhausted: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def execute(app: Celery, job: Job) -> Outcome:
+    """Run ``job`` and report its outcome; never raises."""
+    started = time.time()
+    t0 = time.perf_counter()
+    task = app.get_task(job.name)
+    request = Request(
+        id=job.id,
+        args=job.args,
+        kwargs=job.kwargs,
+        retries=job.retries,
+        attempt=job.attempt,
+        eta=job.eta,
+        expires=job.expires,
+        hostname=job.hostname,
+        delivery_info={"routing_key": job.queue, "queue": job.queue, "priority": None},
+        is_eager=False,
+        called_directly=False,
+        parent_id=job.headers.get("parent_id"),
+        root_id=job.headers.get("root_id") or job.id,
+        group=job.headers.get("group"),
+        headers=job.headers,
+        max_retries=job.max_retries,
+    )
+    task.push_request(request)
+    try:
+        task.before_start(job.id, job.args, job.kwargs)
+        value = task.run(*job.args, **job.kwargs)
+    except exceptions.Retry as exc:
+        cause = exc.exc if exc.exc is not None else exc
+        einfo = _format(cause)
+        _hook(task.on_retry, cause, job.id, job.args, job.kwargs, einfo)
+        _hook(task.after_return, "RETRY", cause, job.id, job.args, job.kwargs, einfo)
+        return Outcome(
+            job.id,
+            job.attempt,
+            RETRY,
+            started,
+            time.perf_counter() - t0,
+            error=_describe(cause),
+            traceback=einfo,
+            retry_when=exc.when,
+        )
+    except exceptions.Ignore:
+        return Outcome(job.id, job.attempt, IGNORED, started, time.perf_counter() - t0)
+    except exceptions.Reject as exc:
+        einfo = _format(exc)
+        if exc.requeue:
+            return Outcome(
+                job.id,
+                job.attempt,
+                REJECT_REQUEUE,
+                started,
+                time.perf_counter() - t0,
+                error=f"rejected: {exc.reason!r}",
+                traceback=einfo,
+            )
+        return _failure(job, exc, started, t0, einfo, exhausted=True)
+    except Exception as exc:
+        einfo = _format(exc)
+        _hook(task.on_failure, exc, job.id, job.args, job.kwargs, einfo)
+        _hook(task.after_return, "FAILURE", exc, job.id, job.args, job.kwargs, einfo)
+        return _failure(job, exc, started, t0, einfo, exhausted=request.retries_exhausted)
+    finally:
+        task.pop_request()
+    runtime = time.perf_counter() - t0
+    encoded: Encoded | None = None
+    if job.store_result:
+        try:
+            encoded = encode(value, job.result_serializer)
+        except EncodeError as exc:
+            einfo = _format(exc)
+            error = EncodeError(f"return value of {job.name} cannot be serialized: {exc}")
+            return _failure(job, error, started, t0, einfo, exhausted=False)
+    _hook(task.on_success, value, job.id, job.args, job.kwargs)
+    _hook(task.after_return, "SUCCESS", value, job.id, job.args, job.kwargs, None)
+    return Outcome(job.id, job.attempt, SUCCESS, started, runtime, result=encoded)
+
+
+def _failure(
+    job: Job, exc: BaseException, started: float, t0: float, einfo: str, exhausted: bool
+) -> Outcome:
+    result = None
+    if job.store_result:
+        try:
+            result = encode(exception_to_dict(exc), job.result_serializer)
+        except EncodeError:
+            result = encode(
+                {
+                    "exc_type": type(exc).__name__,
+                    "exc_message": [repr(exc)],
+                    "exc_module": "builtins",
+                },
+                "json",
+            )
+    return Outcome(
+        job.id,
+        job.attempt,
+        FAILURE,
+        started,
+        time.perf_counter() - t0,
+        result=result,
+        error=_describe(exc),
+        traceback=einfo,
+        retries_exhausted=exhausted,
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _format(exc: BaseException) -> str:
+    return "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
+
+
+def _hook(fn: Any, *args: Any) -> None:
+    """Run a user hook; a failing hook is logged into the outcome's way, never the worker's."""
+    try:
+        fn(*args)
+    except Exception:  # a broken hook must not change the task's outcome
+        import structlog
+
+        structlog.get_logger("pgtasks").exception(
+            "task.hook_failed", hook=getattr(fn, "__name__", "?")
+        )

@@ -1,0 +1,258 @@
+"""Execution pools. They only run tasks; the worker's main process owns every database call.
+
+- ``prefork`` (default, Celery's): child processes forked from the worker, one task at a time
+  each. A child that dies is replaced and its task reported as lost.
+- ``threads``: a thread pool in the worker process (I/O-bound tasks, no per-task IPC).
+- ``solo``: one task at a time in the worker process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing import connection as mpc
+from multiprocessing import get_context
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from pgtasks.worker.execute import LOST, Job, Outcome, execute
+
+if TYPE_CHECKING:
+    from multiprocessing.process import BaseProcess
+
+    from pgtasks.app import Celery
+
+Done = Callable[[Outcome], None]
+log = structlog.get_logger("pgtasks")
+
+
+class Pool:
+    """What the worker needs of a pool."""
+
+    name = "base"
+
+    def __init__(self, app: Celery, concurrency: int) -> None:
+        self.app = app
+        self.concurrency = max(1, concurrency)
+        self._busy = 0
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Start the pool's threads or processes."""
+
+    def free_slots(self) -> int:
+        with self._lock:
+            return self.concurrency - self._busy
+
+    def busy(self) -> int:
+        with self._lock:
+            return self._busy
+
+    def _take(self) -> None:
+        with self._lock:
+            self._busy += 1
+
+    def _give(self) -> None:
+        with self._lock:
+            self._busy -= 1
+
+    def submit(self, job: Job, done: Done) -> None:
+        raise NotImplementedError
+
+    def stop(self, wait: bool) -> None:
+        """Stop; ``wait`` lets running tasks finish first."""
+
+
+class ThreadPool(Pool):
+    name = "threads"
+
+    def start(self) -> None:
+        self._executor = ThreadPoolExecutor(
+            max_workers=self.concurrency, thread_name_prefix="pgtasks-task"
+        )
+
+    def submit(self, job: Job, done: Done) -> None:
+        self._take()
+        future = self._executor.submit(execute, self.app, job)
+
+        def finished(f: Future[Outcome]) -> None:
+            self._give()
+            try:
+                outcome = f.result()
+            except BaseException as exc:  # execute() does not raise; this is a last guard
+                outcome = Outcome(job.id, job.attempt, LOST, time.time(), 0.0, error=repr(exc))
+            done(outcome)
+
+        future.add_done_callback(finished)
+
+    def stop(self, wait: bool) -> None:
+        self._executor.shutdown(wait=wait, cancel_futures=not wait)
+
+
+class SoloPool(ThreadPool):
+    """One task at a time, inside the worker process."""
+
+    name = "solo"
+
+    def __init__(self, app: Celery, concurrency: int) -> None:
+        super().__init__(app, 1)
+
+
+class _Child:
+    def __init__(self, process: BaseProcess, conn: mpc.Connection) -> None:
+        self.process = process
+        self.conn = conn
+        self.job: Job | None = None
+        self.done: Done | None = None
+
+
+def _child_main(app: Celery, conn: mpc.Connection) -> None:
+    """A prefork child: run jobs from the pipe until told to stop or the parent goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        while True:
+            try:
+                job = conn.recv()
+            except (EOFError, OSError):
+                break
+            if job is None:
+                break
+            outcome = execute(app, job)
+            try:
+                conn.send(outcome)
+            except (BrokenPipeError, OSError):
+                break
+    finally:
+        os._exit(0)
+
+
+class PreforkPool(Pool):
+    name = "prefork"
+
+    def __init__(self, app: Celery, concurrency: int) -> None:
+        super().__init__(app, concurrency)
+        self._ctx = get_context("fork")
+        self._children: list[_Child] = []
+        self._stopping = False
+        self._reader: threading.Thread | None = None
+
+    def _spawn(self) -> _Child:
+        parent, child = self._ctx.Pipe(duplex=True)
+        process = self._ctx.Process(
+            target=_child_main, args=(self.app, child), daemon=True, name="pgtasks-child"
+        )
+        process.start()
+        child.close()
+        return _Child(process, parent)
+
+    def start(self) -> None:
+        self._children = [self._spawn() for _ in range(self.concurrency)]
+        self._reader = threading.Thread(target=self._read, name="pgtasks-prefork", daemon=True)
+        self._reader.start()
+
+    def submit(self, job: Job, done: Done) -> None:
+        with self._lock:
+            child = next((c for c in self._children if c.job is None), None)
+            if child is None:
+                raise RuntimeError("prefork pool has no idle child; the worker over-claimed")
+            child.job, child.done = job, done
+            self._busy += 1
+        # On a broken pipe the reader sees the dead child and reports the job lost.
+        with contextlib.suppress(BrokenPipeError, OSError):
+            child.conn.send(job)
+
+    def _finish(self, child: _Child, outcome: Outcome) -> None:
+        done = child.done
+        with self._lock:
+            child.job, child.done = None, None
+            self._busy -= 1
+        if done is not None:
+            done(outcome)
+
+    def _read(self) -> None:
+        while not (self._stopping and self.busy() == 0):
+            with self._lock:
+                children = list(self._children)
+            waitables: dict[Any, tuple[str, _Child]] = {}
+            for c in children:
+                waitables[c.conn] = ("conn", c)
+                waitables[c.process.sentinel] = ("dead", c)
+            for ready in mpc.wait(list(waitables), timeout=0.2):
+                kind, child = waitables[ready]
+                if kind == "conn":
+                    try:
+                        outcome = child.conn.recv()
+                    except (EOFError, OSError):
+                        continue  # the sentinel reports the death
+                    self._finish(child, outcome)
+                else:
+                    self._replace(child)
+
+    def _replace(self, child: _Child) -> None:
+        child.process.join(timeout=0.1)
+        try:
+            # An outcome sent just before the child exited is still in the pipe.
+            if child.job is not None and child.conn.poll(0):
+                self._finish(child, child.conn.recv())
+        except (EOFError, OSError):
+            pass
+        job = child.job
+        code = child.process.exitcode
+        if job is not None:
+            log.error("pool.child_lost", task_id=job.id, task_name=job.name, exitcode=code)
+            self._finish(
+                child,
+                Outcome(
+                    job.id,
+                    job.attempt,
+                    LOST,
+                    time.time(),
+                    0.0,
+                    error=f"WorkerLostError: child process exited with code {code}",
+                ),
+            )
+        with self._lock:
+            if child in self._children:
+                self._children.remove(child)
+                if not self._stopping:
+                    self._children.append(self._spawn())
+        child.conn.close()
+
+    def stop(self, wait: bool) -> None:
+        self._stopping = True
+        if wait:
+            deadline = time.monotonic() + 3600
+            while self.busy() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        with self._lock:
+            children = list(self._children)
+        for c in children:
+            try:
+                if wait:
+                    c.conn.send(None)
+                else:
+                    c.process.kill()
+            except (BrokenPipeError, OSError):
+                pass
+        for c in children:
+            c.process.join(timeout=5)
+            if c.process.is_alive():
+                c.process.kill()
+                c.process.join(timeout=1)
+
+
+POOLS: dict[str, type[Pool]] = {"prefork": PreforkPool, "threads": ThreadPool, "solo": SoloPool}
+
+
+def create(name: str, app: Celery, concurrency: int) -> Pool:
+    try:
+        return POOLS[name](app, concurrency)
+    except KeyError:
+        raise ValueError(f"unknown pool {name!r}; choose one of {', '.join(POOLS)}") from None

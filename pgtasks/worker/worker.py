@@ -1,0 +1,465 @@
+"""``Worker.run`` reads top to bottom: check the schema, start the pool and the helper threads,
+claim and dispatch until told to stop, then shut down warm (or cold on a second signal)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+import structlog
+
+from pgtasks import migrate as migrations
+from pgtasks.broker import Failure, Release, RetryAt, Success
+from pgtasks.maintenance import Maintenance, Pruner, Reclaimer
+from pgtasks.message import ClaimedTask
+from pgtasks.serialization import decode
+from pgtasks.states import Status
+from pgtasks.worker import execute as ex
+from pgtasks.worker.completer import Completer, Final
+from pgtasks.worker.lease import LeaseKeeper
+from pgtasks.worker.listener import Listener
+from pgtasks.worker.pools import create as create_pool
+
+if TYPE_CHECKING:
+    from pgtasks.app import Celery
+
+log = structlog.get_logger("pgtasks")
+
+
+@dataclass
+class InFlight:
+    """A claimed row this worker believes it owns, until its final state is written."""
+
+    task: ClaimedTask
+    started: datetime | None = None
+    lost: bool = False
+    cancel_requested: bool = False
+
+
+class Worker:
+    """One ``pgtasks worker`` process."""
+
+    def __init__(
+        self,
+        app: Celery,
+        *,
+        queues: list[str] | None = None,
+        concurrency: int | None = None,
+        pool: str = "prefork",
+        worker_id: str | None = None,
+        lease: float | None = None,
+        poll_interval: float | None = None,
+        listen: bool | None = None,
+        migrate: bool = False,
+        burst: bool = False,
+        shutdown_grace: float | None = None,
+    ) -> None:
+        s = app.settings
+        self.app = app
+        self.queues = queues or [s.default_queue]
+        self.concurrency = concurrency or s.concurrency or os.cpu_count() or 1
+        self.pool_name = pool
+        self.hostname = socket.gethostname()
+        self.id = worker_id or f"{self.hostname}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.lease = lease or s.lease_seconds
+        self.poll_interval = poll_interval or s.poll_interval
+        self.listen = s.listen_notify if listen is None else listen
+        self.migrate = migrate
+        self.burst = burst
+        self.shutdown_grace = s.shutdown_grace if shutdown_grace is None else shutdown_grace
+        self.log = log.bind(worker_id=self.id)
+        self._inflight: dict[str, InFlight] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._cold = threading.Event()
+        self.ready = threading.Event()
+        self.processed = 0
+
+    # -- the run -------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Run until stopped by a signal, ``stop()``, or (``burst``) an empty queue."""
+        app, s = self.app, self.app.settings
+        app.import_includes()
+        self._prepare_schema()
+        broker = app.broker
+        broker.min_size = max(broker.min_size, 4)
+        broker.register_worker(self.id, self.hostname, os.getpid(), self.queues, self.concurrency)
+
+        self.pool = create_pool(self.pool_name, app, self.concurrency)
+        self.pool.start()  # before any thread starts: prefork children are forked here
+        self.completer = Completer(broker, self.id, self._written)
+        self.leases = LeaseKeeper(
+            broker, self.id, self.lease, self._owned, self._lost, self._cancel
+        )
+        self.maintenance = Maintenance(
+            Reclaimer(broker, s.max_lost_attempts),
+            Pruner(broker, s.finished_task_retention, s.result_expires),
+            interval=min(max(self.lease / 3.0, 0.2), 10.0),
+        )
+        threads: list[Any] = [self.completer, self.leases, self.maintenance]
+        if self.listen:
+            self.listener = Listener(broker, set(self.queues), self._wake)
+            threads.append(self.listener)
+        for thread in threads:
+            thread.start()
+        self._install_signals()
+        self.log.info(
+            "worker.started",
+            queues=self.queues,
+            concurrency=self.concurrency,
+            pool=self.pool.name,
+            lease=self.lease,
+            tasks=app.registered(),
+        )
+        self.ready.set()
+        try:
+            self._loop()
+        finally:
+            self._shutdown(threads)
+
+    def stop(self, cold: bool = False) -> None:
+        """Stop claiming; finish what runs (warm) or stop now (cold)."""
+        if cold:
+            self._cold.set()
+        self._stopping.set()
+        self._wake.set()
+
+    def _prepare_schema(self) -> None:
+        s = self.app.settings
+        url = self.app.database_url
+        if self.migrate:
+            for m in migrations.migrate(url, s.schema_name):
+                self.log.info("schema.migrated", version=m.version, name=m.name)
+        migrations.check(url, s.schema_name)
+
+    def _loop(self) -> None:
+        broker = self.app.broker
+        backoff = 0.1
+        while not self._stopping.is_set():
+            free = self.pool.free_slots()
+            if free <= 0:
+                self._wake.wait(self.poll_interval)
+                self._wake.clear()
+                continue
+            self._wake.clear()
+            try:
+                claimed = broker.claim(self.id, self.queues, free, self.lease)
+                backoff = 0.1
+            except psycopg.OperationalError as exc:
+                self.log.warning(
+                    "worker.db_unavailable",
+                    during="claim",
+                    error=str(exc).strip(),
+                    retry_in=round(backoff, 2),
+                )
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            except Exception:
+                self.log.exception("worker.loop_error", during="claim")
+                self._stopping.wait(1.0)
+                continue
+            for row in claimed:
+                self._dispatch(row)
+            if len(claimed) >= free:
+                continue
+            if self.burst and not claimed and not self._has_inflight():
+                self.log.info("worker.idle", reason="burst mode: no due tasks left")
+                self._stopping.set()
+                break
+            self._wake.wait(self.poll_interval)
+
+    def _dispatch(self, row: ClaimedTask) -> None:
+        """Run a claimed row, or settle it at once when it must not run."""
+        with self._lock:
+            self._inflight[row.id] = InFlight(row)
+        tlog = self.log.bind(
+            task_id=row.id,
+            task_name=row.name,
+            queue=row.queue,
+            attempt=row.attempt,
+            retries=row.retries,
+        )
+        if self._stopping.is_set():
+            self.completer.put(Release(row.id, row.attempt, 0.0, None))
+            return
+        if row.expired:
+            tlog.info("task.expired", expires_at=str(row.expires_at))
+            self.completer.put(self._failure(row, Status.CANCELLED, "expired before it could run"))
+            return
+        task = self.app.tasks.get(row.name)
+        if task is None:
+            tlog.error(
+                "task.unknown",
+                retry_in=self.app.settings.unknown_task_delay,
+                hint="no task of this name is registered on this worker; the row is kept "
+                "for a worker that knows it",
+            )
+            self.completer.put(
+                Release(
+                    row.id,
+                    row.attempt,
+                    self.app.settings.unknown_task_delay,
+                    f"unregistered task {row.name!r} (worker {self.id})",
+                )
+            )
+            return
+        try:
+            args, kwargs = self._decode(row)
+        except Exception as exc:
+            tlog.error("task.dead_lettered", reason="undecodable payload", error=str(exc))
+            self.completer.put(self._failure(row, Status.DEAD, f"cannot decode payload: {exc}"))
+            return
+        store = not (
+            row.headers.get("ignore_result")
+            or task.ignore_result
+            or (task.ignore_result is None and self.app.settings.ignore_result)
+        )
+        job = ex.Job(
+            id=row.id,
+            name=row.name,
+            attempt=row.attempt,
+            retries=row.retries,
+            max_retries=row.max_retries,
+            args=args,
+            kwargs=kwargs,
+            queue=row.queue,
+            headers=row.headers,
+            eta=row.run_at,
+            expires=row.expires_at,
+            hostname=self.id,
+            store_result=store,
+            result_serializer=row.headers.get("result_serializer")
+            or self.app.settings.result_serializer,
+        )
+        tlog.debug("task.started")
+        self.pool.submit(job, self._done)
+
+    def _decode(self, row: ClaimedTask) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        body = decode(
+            row.body, row.content_type, row.content_encoding, self.app.settings.accept_content
+        )
+        if not (
+            isinstance(body, (list, tuple))
+            and len(body) >= 2
+            and isinstance(body[0], (list, tuple))
+            and isinstance(body[1], dict)
+        ):
+            raise ValueError("payload is not [args, kwargs]")
+        return tuple(body[0]), dict(body[1])
+
+    # -- outcomes ------------------------------------------------------------------------------
+
+    def _done(self, o: ex.Outcome) -> None:
+        """Called by the pool when a task finished: queue its final state."""
+        with self._lock:
+            entry = self._inflight.get(o.id)
+        self._wake.set()
+        if entry is None:
+            return
+        row = entry.task
+        started = datetime.fromtimestamp(o.started, tz=timezone.utc)
+        tlog = self.log.bind(
+            task_id=row.id,
+            task_name=row.name,
+            queue=row.queue,
+            attempt=row.attempt,
+            retries=row.retries,
+        )
+        result = o.result.data if o.result else None
+        content_type = o.result.content_type if o.result else "application/json"
+        final: Final
+        if o.kind == ex.SUCCESS or o.kind == ex.IGNORED:
+            tlog.info("task.succeeded", duration=round(o.runtime, 6))
+            final = Success(
+                row.id, row.attempt, o.result is not None, content_type, result, started
+            )
+        elif o.kind == ex.FAILURE:
+            status = Status.DEAD if o.retries_exhausted else Status.FAILED
+            tlog.error(
+                "task.dead_lettered" if status == Status.DEAD else "task.failed",
+                error=o.error,
+                duration=round(o.runtime, 6),
+            )
+            final = Failure(
+                row.id,
+                row.attempt,
+                status,
+                o.error or "failed",
+                o.traceback,
+                o.result is not None,
+                content_type,
+                result,
+                started,
+            )
+        elif o.kind == ex.RETRY:
+            when = o.retry_when
+            eta = when if isinstance(when, datetime) else None
+            delay = 0.0 if isinstance(when, datetime) or when is None else float(when)
+            tlog.warning(
+                "task.retry_scheduled",
+                retry_delay=delay,
+                eta=str(eta) if eta else None,
+                error=o.error,
+            )
+            final = RetryAt(
+                row.id,
+                row.attempt,
+                row.retries + 1,
+                delay,
+                eta,
+                o.error,
+                o.traceback,
+                "retry",
+                started,
+            )
+        elif o.kind == ex.REJECT_REQUEUE:
+            tlog.warning("task.rejected", requeue=True, error=o.error)
+            final = RetryAt(
+                row.id,
+                row.attempt,
+                row.retries,
+                0.0,
+                None,
+                o.error,
+                o.traceback,
+                "rejected",
+                started,
+            )
+        else:  # LOST: the process running it died
+            lost = row.attempt - row.retries
+            if lost >= self.app.settings.max_lost_attempts:
+                tlog.error("task.dead_lettered", reason="worker lost", error=o.error)
+                final = Failure(
+                    row.id,
+                    row.attempt,
+                    Status.DEAD,
+                    f"worker lost: {o.error}",
+                    None,
+                    False,
+                    content_type,
+                    None,
+                    started,
+                )
+            else:
+                delay = min(2.0**lost, 60.0)
+                tlog.warning(
+                    "task.retry_scheduled", reason="worker lost", retry_delay=delay, error=o.error
+                )
+                final = RetryAt(
+                    row.id,
+                    row.attempt,
+                    row.retries,
+                    delay,
+                    None,
+                    f"worker lost: {o.error}",
+                    None,
+                    "lost",
+                    started,
+                )
+        self.completer.put(final)
+
+    def _failure(self, row: ClaimedTask, status: str, error: str) -> Failure:
+        return Failure(
+            row.id, row.attempt, status, error, None, False, "application/json", None, None
+        )
+
+    def _written(self, item: Final, status: str | None) -> None:
+        """Called by the completer after the fenced write."""
+        with self._lock:
+            entry = self._inflight.pop(item.id, None)
+            self.processed += 1
+        if status is None:
+            self.log.warning(
+                "lease.lost",
+                task_id=item.id,
+                attempt=item.attempt,
+                action="outcome discarded: another worker owns this task now",
+            )
+        elif entry is not None and status == Status.CANCELLED and not isinstance(item, Release):
+            self.log.info("task.cancelled", task_id=item.id, task_name=entry.task.name)
+
+    # -- leases --------------------------------------------------------------------------------
+
+    def _owned(self) -> list[tuple[str, int]]:
+        with self._lock:
+            return [(i, e.task.attempt) for i, e in self._inflight.items() if not e.lost]
+
+    def _has_inflight(self) -> bool:
+        with self._lock:
+            return bool(self._inflight) or self.completer.pending > 0
+
+    def _lost(self, task_id: str, attempt: int) -> None:
+        with self._lock:
+            entry = self._inflight.get(task_id)
+            if entry is None or entry.task.attempt != attempt:
+                return  # finalised meanwhile
+            entry.lost = True
+        self.log.warning(
+            "lease.lost",
+            task_id=task_id,
+            attempt=attempt,
+            action="the task keeps running here but its outcome will be discarded",
+        )
+
+    def _cancel(self, task_id: str) -> None:
+        with self._lock:
+            entry = self._inflight.get(task_id)
+            if entry is None or entry.cancel_requested:
+                return
+            entry.cancel_requested = True
+        self.log.info("task.cancel_requested", task_id=task_id)
+
+    # -- stopping ------------------------------------------------------------------------------
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def handler(signum: int, frame: Any) -> None:
+            if self._stopping.is_set():
+                self.log.warning("worker.stopping", mode="cold", signal=signal.Signals(signum).name)
+                self.stop(cold=True)
+            else:
+                self.log.info(
+                    "worker.stopping",
+                    mode="warm",
+                    signal=signal.Signals(signum).name,
+                    grace=self.shutdown_grace,
+                    running=self.pool.busy(),
+                )
+                self.stop()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def _shutdown(self, threads: list[Any]) -> None:
+        deadline = time.monotonic() + self.shutdown_grace
+        while self.pool.busy() and not self._cold.is_set() and time.monotonic() < deadline:
+            self._cold.wait(0.05)
+        cold = self._cold.is_set() or self.pool.busy() > 0
+        self.pool.stop(wait=not cold)
+        if cold:
+            # Outcomes not yet written stay unwritten: the leases run out and others reclaim.
+            self.log.warning("worker.stopped_cold", running=self.pool.busy())
+            self.completer.stop(timeout=1.0)
+        else:
+            self.completer.stop()
+        for thread in threads:
+            if thread is not self.completer:
+                thread.stop()
+        with contextlib.suppress(psycopg.Error):
+            self.app.broker.unregister_worker(self.id)
+        self.log.info("worker.stopped", processed=self.processed)
+        self.app.close()

