@@ -98,6 +98,7 @@ class Broker:
         self.max_size = max_size
         self._pool: ConnectionPool | None = None
         self._pool_pid = 0
+        self._inherited: list[ConnectionPool] = []
         self._lock = threading.Lock()
 
     # -- connections -------------------------------------------------------------------------
@@ -111,6 +112,10 @@ class Broker:
         if self._pool is None or self._pool_pid != os.getpid():
             with self._lock:
                 if self._pool is None or self._pool_pid != os.getpid():
+                    if self._pool is not None:
+                        # A pool inherited through fork: its sockets belong to the parent.
+                        # Keep a reference so that garbage collection never closes them here.
+                        self._inherited.append(self._pool)
                     self._pool = ConnectionPool(
                         self.dsn,
                         min_size=self.min_size,
