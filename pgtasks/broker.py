@@ -357,6 +357,11 @@ class Broker:
         assert row is not None
         return int(row["tasks"]), int(row["results"])
 
+    def count_unfinished(self, queues: Sequence[str]) -> int:
+        """Waiting (due or scheduled) and running tasks of ``queues``."""
+        row = self._one("count_unfinished", {"queues": list(queues)})
+        return int(row["n"]) if row else 0
+
     def counts(self) -> list[Row]:
         return self._all("count_by_status", {})
 

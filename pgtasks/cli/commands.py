@@ -42,7 +42,7 @@ def _queues(value: str | None) -> list[str] | None:
 )
 @click.option("--poll-only", is_flag=True, help="No LISTEN/NOTIFY (PgBouncer transaction pooling).")
 @click.option("--migrate", is_flag=True, help="Create or update the schema before starting.")
-@click.option("--burst", is_flag=True, help="Exit once no due task is left.")
+@click.option("--burst", is_flag=True, help="Exit once its queues hold no waiting or running task.")
 @click.option(
     "--shutdown-grace",
     type=click.FloatRange(min=0),

@@ -288,3 +288,9 @@ SELECT queue, status, count(*) AS n FROM {schema}.tasks GROUP BY queue, status O
 -- name: schema_version
 -- The newest applied migration, or NULL when the schema has none.
 SELECT max(version) AS version FROM {schema}.migrations
+
+-- name: count_unfinished
+-- Tasks of the given queues still waiting (due or scheduled) or running: burst mode's exit test.
+SELECT count(*) AS n
+  FROM {schema}.tasks
+ WHERE status IN ('PENDING', 'RUNNING') AND queue = ANY(%(queues)s::text[])

@@ -174,11 +174,16 @@ class Worker:
                 self._dispatch(row)
             if len(claimed) >= free:
                 continue
-            if self.burst and not claimed and not self._has_inflight():
-                self.log.info("worker.idle", reason="burst mode: no due tasks left")
+            if self._burst_done(claimed):
+                self.log.info("worker.idle", reason="burst mode: no task left in its queues")
                 self._stopping.set()
                 break
             self._wake.wait(self.poll_interval)
+
+    def _burst_done(self, claimed: list[ClaimedTask]) -> bool:
+        if not self.burst or claimed or self._has_inflight():
+            return False
+        return self.app.broker.count_unfinished(self.queues) == 0
 
     def _dispatch(self, row: ClaimedTask) -> None:
         """Run a claimed row, or settle it at once when it must not run."""
@@ -459,6 +464,8 @@ class Worker:
         for thread in threads:
             if thread is not self.completer:
                 thread.stop()
+        for thread in threads:
+            thread.join(timeout=2.0)
         with contextlib.suppress(psycopg.Error):
             self.app.broker.unregister_worker(self.id)
         self.log.info("worker.stopped", processed=self.processed)
