@@ -7,11 +7,12 @@ uses it, so apps can be created at import time and survive ``fork``.
 from __future__ import annotations
 
 import importlib
+import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
-from pgtasks import config, embedded, serialization
+from pgtasks import config, embedded, routing, serialization
 from pgtasks.broker import Broker
 from pgtasks.exceptions import ImproperlyConfigured, NotRegistered
 from pgtasks.result import AsyncResult
@@ -46,13 +47,23 @@ def normalise_dsn(url: str) -> str:
             f"broker URL scheme {scheme!r} is not supported: pgtasks keeps tasks in PostgreSQL, "
             "so use a postgresql:// URL (for example postgresql://user@localhost/app)"
         )
+    hint = (
+        "Use postgresql://user:password@host:5432/dbname or a libpq string such as "
+        "'host=localhost dbname=app'"
+    )
     try:
-        psycopg.conninfo.conninfo_to_dict(url)
+        params = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
-        raise ImproperlyConfigured(
-            f"malformed database URL: {exc}. Use postgresql://user:password@host:5432/dbname "
-            "or a libpq string such as 'host=localhost dbname=app'"
-        ) from None
+        # libpq quotes the URI in some messages: never echo its password.
+        redacted = re.sub(r"(://[^:@/]*):[^@/]*@", r"\1:***@", url)
+        reason = " ".join(str(exc).replace(url, redacted).split())
+        raise ImproperlyConfigured(f"malformed database URL: {reason}. {hint}") from None
+    # libpq parses the port as text and only rejects it when connecting; check it here.
+    for port in str(params.get("port") or "").split(","):
+        if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            raise ImproperlyConfigured(
+                f"malformed database URL: port {port!r} is not a number from 1 to 65535. {hint}"
+            )
     return url
 
 
@@ -154,17 +165,15 @@ class Celery:
                 continue
             self.conf[key] = value
 
-    def route(self, name: str) -> str | None:
-        """The queue ``task_routes`` sends ``name`` to, if any (dict of name -> {'queue': q})."""
-        routes = self.conf.get("task_routes")
-        if isinstance(routes, Mapping):
-            import fnmatch
-
-            for pattern, route in routes.items():
-                if pattern == name or fnmatch.fnmatchcase(name, pattern):
-                    queue = route.get("queue") if isinstance(route, Mapping) else route
-                    return str(queue) if queue else None
-        return None
+    def route(
+        self,
+        name: str,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> str | None:
+        """The queue ``task_routes`` sends a call of ``name`` to, if any."""
+        return routing.route(self.conf.get("task_routes"), name, args, kwargs, options)
 
     # -- database ------------------------------------------------------------------------------
 

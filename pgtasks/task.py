@@ -273,7 +273,9 @@ class Task(Generic[P, R]):
             raise TypeError(f"priority must be an integer, not {type(priority).__name__}")
         if not -(2**31) <= priority < 2**31:
             raise ValueError(f"priority {priority} is out of range (a 32-bit integer)")
-        queue = queue or self.queue or self.app.route(self.name) or settings.default_queue
+        queue = (
+            queue or self.queue or self.app.route(self.name, args, kwargs) or settings.default_queue
+        )
         if not isinstance(queue, str) or not queue:
             raise ValueError("queue must be a non-empty string")
         all_headers: dict[str, Any] = dict(headers or {})
