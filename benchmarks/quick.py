@@ -62,6 +62,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=1, help="slots per worker")
     parser.add_argument("--pool", default="threads")
+    parser.add_argument("--prefetch-multiplier", type=int, default=1)
     parser.add_argument("--latency-samples", type=int, default=300)
     parser.add_argument("--rate", type=float, default=50.0)
     args = parser.parse_args()
@@ -92,6 +93,8 @@ def main() -> None:
         str(args.concurrency),
         "-P",
         args.pool,
+        "--prefetch-multiplier",
+        str(args.prefetch_multiplier),
     ]
     procs = [subprocess.Popen(cmd, env=env) for _ in range(args.workers)]
     try:

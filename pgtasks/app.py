@@ -198,6 +198,7 @@ class Celery:
                         prepared_statements=s.prepared_statements,
                         min_size=s.pool_min_size,
                         max_size=s.pool_max_size,
+                        connect_timeout=s.connect_timeout,
                     )
         return self._broker
 

@@ -34,6 +34,12 @@ def notify_channel(schema: str) -> str:
     return f"pgtasks_{schema}"[:63]
 
 
+def _text(value: str | None) -> str | None:
+    """Error text as a text column accepts it: PostgreSQL refuses NUL characters, and an
+    exception message may carry one (a failed write there would stop the worker's completer)."""
+    return value.replace("\x00", "\\x00") if value else value
+
+
 @dataclass(frozen=True)
 class Success:
     id: str
@@ -81,6 +87,9 @@ class Release:
 class Broker:
     """Named queries against one database and schema."""
 
+    #: How many times a statement is sent again after meeting a connection the server closed.
+    STALE_RETRIES = 3
+
     def __init__(
         self,
         dsn: str,
@@ -89,6 +98,7 @@ class Broker:
         prepared_statements: bool = True,
         min_size: int = 1,
         max_size: int = 10,
+        connect_timeout: float = 10.0,
     ) -> None:
         self.dsn = dsn
         self.schema = schema
@@ -96,6 +106,7 @@ class Broker:
         self.prepare_threshold: int | None = 5 if prepared_statements else None
         self.min_size = min_size
         self.max_size = max_size
+        self.connect_timeout = connect_timeout
         self._pool: ConnectionPool | None = None
         self._pool_pid = 0
         self._inherited: list[ConnectionPool] = []
@@ -104,7 +115,11 @@ class Broker:
     # -- connections -------------------------------------------------------------------------
 
     def _conn_kwargs(self) -> dict[str, Any]:
-        return {"autocommit": True, "prepare_threshold": self.prepare_threshold}
+        return {
+            "autocommit": True,
+            "prepare_threshold": self.prepare_threshold,
+            "connect_timeout": max(1, int(self.connect_timeout)),
+        }
 
     @property
     def pool(self) -> ConnectionPool:
@@ -136,7 +151,7 @@ class Broker:
         if conn is not None:
             yield conn
             return
-        with self.pool.connection(timeout=30.0) as pooled:
+        with self.pool.connection(timeout=self.connect_timeout) as pooled:
             yield pooled
 
     def connect(self, autocommit: bool = True) -> psycopg.Connection[Any]:
@@ -157,7 +172,32 @@ class Broker:
     def _all(
         self, name: str, params: dict[str, Any], conn: psycopg.Connection[Any] | None = None
     ) -> list[Row]:
-        with self.connection(conn) as c, c.cursor(row_factory=dict_row) as cur:
+        if conn is not None:
+            return self._run(conn, name, params)
+        # A pooled connection may have been closed by the server since its last use (a restart,
+        # a failover, pg_terminate_backend): the pool drops a broken connection when it comes
+        # back, so the statement is sent again on another one. Every named query is one
+        # statement in autocommit mode, so a failed attempt changed nothing, or — when the
+        # connection broke during the commit — the retry meets the committed row (enqueue treats
+        # the unique task id as proof) or a fenced write that no longer matches.
+        for attempt in range(1, self.STALE_RETRIES + 2):
+            used: psycopg.Connection[Any] | None = None
+            try:
+                with self.pool.connection(timeout=self.connect_timeout) as c:
+                    used = c
+                    return self._run(c, name, params)
+            except errors.UniqueViolation:
+                if attempt > 1 and name in ("insert_task", "insert_tasks"):
+                    return []  # the first attempt committed before its connection broke
+                raise
+            except psycopg.OperationalError:
+                # Retry only when the connection itself broke, not on a statement's own error.
+                if attempt > self.STALE_RETRIES or used is None or not used.broken:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _run(self, conn: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> list[Row]:
+        with conn.cursor(row_factory=dict_row) as cur:
             cur.execute(self.q[name], params)
             return cur.fetchall() if cur.description else []
 
@@ -259,8 +299,8 @@ class Broker:
                 "ids": [i.id for i in items],
                 "attempts": [i.attempt for i in items],
                 "statuses": [i.status for i in items],
-                "errors": [i.error for i in items],
-                "tracebacks": [i.traceback for i in items],
+                "errors": [_text(i.error) for i in items],
+                "tracebacks": [_text(i.traceback) for i in items],
                 "store": [i.store for i in items],
                 "content_types": [i.content_type for i in items],
                 "results": [i.result for i in items],
@@ -280,8 +320,8 @@ class Broker:
                 "retries": [i.retries for i in items],
                 "delays": [i.delay for i in items],
                 "etas": [i.eta for i in items],
-                "errors": [i.error for i in items],
-                "tracebacks": [i.traceback for i in items],
+                "errors": [_text(i.error) for i in items],
+                "tracebacks": [_text(i.traceback) for i in items],
                 "outcomes": [i.outcome for i in items],
                 "started": [i.started for i in items],
             },
@@ -297,7 +337,7 @@ class Broker:
                 "ids": [i.id for i in items],
                 "attempts": [i.attempt for i in items],
                 "delays": [i.delay for i in items],
-                "errors": [i.error for i in items],
+                "errors": [_text(i.error) for i in items],
             },
         )
         return {row["id"]: row["status"] for row in rows}
@@ -390,7 +430,7 @@ def _storage_errors(task_id: str | None) -> Iterator[None]:
     ) as exc:
         raise EncodeError(
             "the task payload cannot be stored as JSON "
-            f"({exc.diag.message_primary}); NaN, Infinity and NUL characters are not valid JSON"
+            f"({exc.diag.message_primary}); NaN and Infinity are not valid JSON"
         ) from None
     except errors.UndefinedTable:
         raise ImproperlyConfigured(

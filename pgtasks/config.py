@@ -7,6 +7,7 @@ Precedence, highest first: ``PGTASKS_*`` environment variables, then values give
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -38,8 +39,10 @@ CELERY_NAMES: dict[str, str] = {
 class Settings(BaseSettings):
     """Every setting pgtasks reads, with its default."""
 
+    # enable_decoding=False: list settings from the environment are comma-separated (or a JSON
+    # list), parsed by the validators below rather than required to be JSON.
     model_config = SettingsConfigDict(
-        env_prefix="PGTASKS_", extra="ignore", validate_assignment=True
+        env_prefix="PGTASKS_", extra="ignore", validate_assignment=True, enable_decoding=False
     )
 
     database_url: str | None = Field(
@@ -81,11 +84,16 @@ class Settings(BaseSettings):
     )
     pool_min_size: int = 1
     pool_max_size: int = 10
+    connect_timeout: float = Field(
+        default=10.0, gt=0, description="Seconds to wait for a database connection."
+    )
 
     @field_validator("accept_content", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
         if isinstance(value, str):
+            if value.strip().startswith("["):
+                return json.loads(value)
             return [v.strip() for v in value.split(",") if v.strip()]
         return value
 

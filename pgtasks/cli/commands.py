@@ -52,7 +52,11 @@ def _queues(value: str | None) -> list[str] | None:
 @click.option("--without-mingle", is_flag=True, hidden=True)
 @click.option("--without-heartbeat", is_flag=True, hidden=True)
 @click.option("-O", "optimization", hidden=True)
-@click.option("--prefetch-multiplier", type=int, hidden=True)
+@click.option(
+    "--prefetch-multiplier",
+    type=click.IntRange(min=1),
+    help="Claim up to this many tasks per slot (default 1: never more than free slots).",
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -69,6 +73,7 @@ def worker(
     migrate: bool,
     burst: bool,
     shutdown_grace: float | None,
+    prefetch_multiplier: int | None,
     **_ignored: object,
 ) -> None:
     """Claim and run tasks until stopped (SIGTERM: finish running tasks; again: stop now).
@@ -97,6 +102,7 @@ def worker(
         migrate=migrate,
         burst=burst,
         shutdown_grace=shutdown_grace,
+        prefetch_multiplier=prefetch_multiplier,
     ).run()
 
 

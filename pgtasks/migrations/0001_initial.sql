@@ -12,7 +12,9 @@ CREATE TABLE {schema}.tasks (
     expires_at       timestamptz,
     content_type     text        NOT NULL DEFAULT 'application/json',
     content_encoding text        NOT NULL DEFAULT 'utf-8',
-    payload          jsonb,
+    -- json, not jsonb: the text is kept as written (jsonb's numeric turns 1e16 into an integer),
+    -- and operators can still query it with -> and ->>.
+    payload          json,
     payload_raw      bytea,
     headers          jsonb       NOT NULL DEFAULT '{{}}'::jsonb,
     attempt          integer     NOT NULL DEFAULT 0,

@@ -11,7 +11,7 @@ VALUES
     (%(id)s, %(name)s, %(queue)s, %(priority)s,
      COALESCE(%(eta)s::timestamptz, now() + make_interval(secs => COALESCE(%(countdown)s::float8, 0))),
      COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)),
-     %(content_type)s, %(content_encoding)s, %(payload)s::jsonb, %(payload_raw)s::bytea,
+     %(content_type)s, %(content_encoding)s, %(payload)s::json, %(payload_raw)s::bytea,
      %(headers)s::jsonb, %(max_retries)s)
 
 -- name: insert_tasks
@@ -26,7 +26,7 @@ SELECT i.id, i.name, i.queue, i.priority,
   FROM unnest(%(id)s::text[], %(name)s::text[], %(queue)s::text[], %(priority)s::int[],
               %(eta)s::timestamptz[], %(countdown)s::float8[], %(expires_at)s::timestamptz[],
               %(expires_in)s::float8[], %(content_type)s::text[], %(content_encoding)s::text[],
-              %(payload)s::jsonb[], %(payload_raw)s::bytea[], %(headers)s::jsonb[],
+              %(payload)s::json[], %(payload_raw)s::bytea[], %(headers)s::jsonb[],
               %(max_retries)s::int[])
     AS i(id, name, queue, priority, eta, countdown, expires_at, expires_in, content_type,
          content_encoding, payload, payload_raw, headers, max_retries)

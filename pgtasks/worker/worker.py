@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,8 @@ class InFlight:
     started: datetime | None = None
     lost: bool = False
     cancel_requested: bool = False
+    # The outcome is queued for the completer, whose fenced write reports a lost lease itself.
+    finishing: bool = False
 
 
 class Worker:
@@ -62,6 +65,7 @@ class Worker:
         migrate: bool = False,
         burst: bool = False,
         shutdown_grace: float | None = None,
+        prefetch_multiplier: int | None = None,
     ) -> None:
         s = app.settings
         self.app = app
@@ -76,6 +80,10 @@ class Worker:
         self.migrate = migrate
         self.burst = burst
         self.shutdown_grace = s.shutdown_grace if shutdown_grace is None else shutdown_grace
+        multiplier = prefetch_multiplier or s.prefetch_multiplier
+        # Rows claimed beyond the free slots wait here, leases renewed, until a slot frees up.
+        self.prefetch_extra = self.concurrency * max(0, multiplier - 1)
+        self._buffer: deque[ex.Job] = deque()
         self.log = log.bind(worker_id=self.id)
         self._inflight: dict[str, InFlight] = {}
         self._lock = threading.Lock()
@@ -147,14 +155,15 @@ class Worker:
         broker = self.app.broker
         backoff = 0.1
         while not self._stopping.is_set():
-            free = self.pool.free_slots()
-            if free <= 0:
+            self._start_buffered()
+            want = self.pool.free_slots() + self.prefetch_extra - len(self._buffer)
+            if want <= 0:
                 self._wake.wait(self.poll_interval)
                 self._wake.clear()
                 continue
             self._wake.clear()
             try:
-                claimed = broker.claim(self.id, self.queues, free, self.lease)
+                claimed = broker.claim(self.id, self.queues, want, self.lease)
                 backoff = 0.1
             except psycopg.OperationalError as exc:
                 self.log.warning(
@@ -171,8 +180,11 @@ class Worker:
                 self._stopping.wait(1.0)
                 continue
             for row in claimed:
-                self._dispatch(row)
-            if len(claimed) >= free:
+                job = self._accept(row)
+                if job is not None:
+                    self._buffer.append(job)
+            self._start_buffered()
+            if len(claimed) >= want:
                 continue
             if self._burst_done(claimed):
                 self.log.info("worker.idle", reason="burst mode: no task left in its queues")
@@ -180,13 +192,20 @@ class Worker:
                 break
             self._wake.wait(self.poll_interval)
 
+    def _start_buffered(self) -> None:
+        """Hand claimed jobs to the pool while it has free slots."""
+        while self._buffer and self.pool.free_slots() > 0:
+            job = self._buffer.popleft()
+            self.log.debug("task.started", task_id=job.id, task_name=job.name, attempt=job.attempt)
+            self.pool.submit(job, self._done)
+
     def _burst_done(self, claimed: list[ClaimedTask]) -> bool:
         if not self.burst or claimed or self._has_inflight():
             return False
         return self.app.broker.count_unfinished(self.queues) == 0
 
-    def _dispatch(self, row: ClaimedTask) -> None:
-        """Run a claimed row, or settle it at once when it must not run."""
+    def _accept(self, row: ClaimedTask) -> ex.Job | None:
+        """The job to run for a claimed row, or None when the row was settled at once."""
         with self._lock:
             self._inflight[row.id] = InFlight(row)
         tlog = self.log.bind(
@@ -198,11 +217,11 @@ class Worker:
         )
         if self._stopping.is_set():
             self.completer.put(Release(row.id, row.attempt, 0.0, None))
-            return
+            return None
         if row.expired:
             tlog.info("task.expired", expires_at=str(row.expires_at))
             self.completer.put(self._failure(row, Status.CANCELLED, "expired before it could run"))
-            return
+            return None
         task = self.app.tasks.get(row.name)
         if task is None:
             tlog.error(
@@ -219,13 +238,13 @@ class Worker:
                     f"unregistered task {row.name!r} (worker {self.id})",
                 )
             )
-            return
+            return None
         try:
             args, kwargs = self._decode(row)
         except Exception as exc:
             tlog.error("task.dead_lettered", reason="undecodable payload", error=str(exc))
             self.completer.put(self._failure(row, Status.DEAD, f"cannot decode payload: {exc}"))
-            return
+            return None
         store = not (
             row.headers.get("ignore_result")
             or task.ignore_result
@@ -248,8 +267,7 @@ class Worker:
             result_serializer=row.headers.get("result_serializer")
             or self.app.settings.result_serializer,
         )
-        tlog.debug("task.started")
-        self.pool.submit(job, self._done)
+        return job
 
     def _decode(self, row: ClaimedTask) -> tuple[tuple[Any, ...], dict[str, Any]]:
         body = decode(
@@ -270,6 +288,8 @@ class Worker:
         """Called by the pool when a task finished: queue its final state."""
         with self._lock:
             entry = self._inflight.get(o.id)
+            if entry is not None:
+                entry.finishing = True
         self._wake.set()
         if entry is None:
             return
@@ -408,8 +428,10 @@ class Worker:
     def _lost(self, task_id: str, attempt: int) -> None:
         with self._lock:
             entry = self._inflight.get(task_id)
-            if entry is None or entry.task.attempt != attempt:
-                return  # finalised meanwhile
+            if entry is None or entry.task.attempt != attempt or entry.finishing:
+                # Finalised meanwhile, or about to be: a renewal racing the completer's write
+                # misses a row that was just completed, which is no loss.
+                return
             entry.lost = True
         self.log.warning(
             "lease.lost",
@@ -450,6 +472,9 @@ class Worker:
         signal.signal(signal.SIGINT, handler)
 
     def _shutdown(self, threads: list[Any]) -> None:
+        while self._buffer:
+            job = self._buffer.popleft()
+            self.completer.put(Release(job.id, job.attempt, 0.0, None))
         deadline = time.monotonic() + self.shutdown_grace
         while self.pool.busy() and not self._cold.is_set() and time.monotonic() < deadline:
             self._cold.wait(0.05)
