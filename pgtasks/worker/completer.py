@@ -80,7 +80,13 @@ class Completer(threading.Thread):
         for item in batch:
             groups.setdefault(type(item), []).append(item)
         for kind, items in groups.items():
-            statuses = self._with_retries(kind, items)
+            try:
+                statuses = self._with_retries(kind, items)
+            except Exception:
+                # Never let this thread die. The rows are forgotten here, so their leases are
+                # no longer renewed: they run out and the reclaimer hands the tasks on.
+                log.exception("worker.loop_error", during="finalise", dropped=len(items))
+                statuses = {}
             for item in items:
                 self.on_written(item, statuses.get(item.id))
             with self._lock:
@@ -97,7 +103,14 @@ class Completer(threading.Thread):
         delay = 0.1
         while True:
             try:
-                return write(self.worker_id, items)
+                try:
+                    return write(self.worker_id, items)
+                except psycopg.OperationalError:
+                    raise
+                except psycopg.Error as exc:
+                    # One bad outcome must not block the batch: write them one by one.
+                    log.error("worker.loop_error", during="finalise", error=str(exc).strip())
+                    return self._one_by_one(write, items)
             except psycopg.OperationalError as exc:
                 log.warning(
                     "worker.db_unavailable",
@@ -108,3 +121,36 @@ class Completer(threading.Thread):
                 )
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    def _one_by_one(
+        self, write: Callable[[str, list[Any]], dict[str, str]], items: list[Any]
+    ) -> dict[str, str]:
+        statuses: dict[str, str] = {}
+        for item in items:
+            try:
+                statuses.update(write(self.worker_id, [item]))
+                continue
+            except psycopg.OperationalError:
+                raise
+            except psycopg.Error as exc:
+                reason = f"the outcome could not be recorded: {str(exc).strip()}"
+            log.error("task.failed", task_id=item.id, attempt=item.attempt, error=reason)
+            try:
+                fallback = Failure(
+                    item.id,
+                    item.attempt,
+                    "FAILED",
+                    reason,
+                    None,
+                    False,
+                    "application/json",
+                    None,
+                    None,
+                )
+                statuses.update(self.broker.fail(self.worker_id, [fallback]))
+            except psycopg.Error as exc:
+                # Left RUNNING: its lease runs out and the reclaimer hands it to another worker.
+                log.error(
+                    "worker.loop_error", during="finalise", task_id=item.id, error=str(exc).strip()
+                )
+        return statuses

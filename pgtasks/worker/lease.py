@@ -24,8 +24,8 @@ class LeaseKeeper(threading.Thread):
         broker: Broker,
         worker_id: str,
         lease: float,
-        owned: Callable[[], list[tuple[str, int]]],
-        on_lost: Callable[[str, int], None],
+        owned: Callable[[], list[tuple[str, int, object]]],
+        on_lost: Callable[[str, int, object], None],
         on_cancel: Callable[[str], None],
     ) -> None:
         super().__init__(name="pgtasks-lease", daemon=True)
@@ -55,10 +55,10 @@ class LeaseKeeper(threading.Thread):
         self.broker.heartbeat_worker(self.worker_id)
         if not owned:
             return
-        alive = self.broker.renew(self.worker_id, owned, self.lease)
-        for task_id, attempt in owned:
+        alive = self.broker.renew(self.worker_id, [(i, a) for i, a, _ in owned], self.lease)
+        for task_id, attempt, token in owned:
             if task_id not in alive:
-                self.on_lost(task_id, attempt)
+                self.on_lost(task_id, attempt, token)
             elif alive[task_id]:
                 self.on_cancel(task_id)
         log.debug("lease.renewed", count=len(alive))

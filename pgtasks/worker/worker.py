@@ -216,11 +216,11 @@ class Worker:
             retries=row.retries,
         )
         if self._stopping.is_set():
-            self.completer.put(Release(row.id, row.attempt, 0.0, None))
+            self._settle(Release(row.id, row.attempt, 0.0, None))
             return None
         if row.expired:
             tlog.info("task.expired", expires_at=str(row.expires_at))
-            self.completer.put(self._failure(row, Status.CANCELLED, "expired before it could run"))
+            self._settle(self._failure(row, Status.CANCELLED, "expired before it could run"))
             return None
         task = self.app.tasks.get(row.name)
         if task is None:
@@ -230,7 +230,7 @@ class Worker:
                 hint="no task of this name is registered on this worker; the row is kept "
                 "for a worker that knows it",
             )
-            self.completer.put(
+            self._settle(
                 Release(
                     row.id,
                     row.attempt,
@@ -243,7 +243,7 @@ class Worker:
             args, kwargs = self._decode(row)
         except Exception as exc:
             tlog.error("task.dead_lettered", reason="undecodable payload", error=str(exc))
-            self.completer.put(self._failure(row, Status.DEAD, f"cannot decode payload: {exc}"))
+            self._settle(self._failure(row, Status.DEAD, f"cannot decode payload: {exc}"))
             return None
         store = not (
             row.headers.get("ignore_result")
@@ -395,6 +395,14 @@ class Worker:
                 )
         self.completer.put(final)
 
+    def _settle(self, final: Final) -> None:
+        """Queue the final write of a claimed row that will not run (or ran)."""
+        with self._lock:
+            entry = self._inflight.get(final.id)
+            if entry is not None:
+                entry.finishing = True
+        self.completer.put(final)
+
     def _failure(self, row: ClaimedTask, status: str, error: str) -> Failure:
         return Failure(
             row.id, row.attempt, status, error, None, False, "application/json", None, None
@@ -417,18 +425,20 @@ class Worker:
 
     # -- leases --------------------------------------------------------------------------------
 
-    def _owned(self) -> list[tuple[str, int]]:
+    def _owned(self) -> list[tuple[str, int, object]]:
         with self._lock:
-            return [(i, e.task.attempt) for i, e in self._inflight.items() if not e.lost]
+            return [(i, e.task.attempt, e) for i, e in self._inflight.items() if not e.lost]
 
     def _has_inflight(self) -> bool:
         with self._lock:
             return bool(self._inflight) or self.completer.pending > 0
 
-    def _lost(self, task_id: str, attempt: int) -> None:
+    def _lost(self, task_id: str, attempt: int, token: object) -> None:
         with self._lock:
             entry = self._inflight.get(task_id)
-            if entry is None or entry.task.attempt != attempt or entry.finishing:
+            # The entry must be the very claim the renewal asked about: a row released and
+            # claimed again by this worker meanwhile is a new claim.
+            if entry is None or entry is not token or entry.finishing:
                 # Finalised meanwhile, or about to be: a renewal racing the completer's write
                 # misses a row that was just completed, which is no loss.
                 return
@@ -474,7 +484,7 @@ class Worker:
     def _shutdown(self, threads: list[Any]) -> None:
         while self._buffer:
             job = self._buffer.popleft()
-            self.completer.put(Release(job.id, job.attempt, 0.0, None))
+            self._settle(Release(job.id, job.attempt, 0.0, None))
         deadline = time.monotonic() + self.shutdown_grace
         while self.pool.busy() and not self._cold.is_set() and time.monotonic() < deadline:
             self._cold.wait(0.05)

@@ -1,0 +1,1 @@
+"""Importable app modules for worker subprocesses, and the helpers tests use to drive them."""

@@ -1,0 +1,233 @@
+"""Claims: one owner per row across worker processes, claim order, and due times."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from pgtasks import Celery
+from pgtasks.worker import Worker
+from tests.apps import coord
+from tests.apps.harness import (
+    describe_all,
+    one,
+    remote,
+    rows,
+    task_row,
+    wait_until,
+    worker_processes,
+)
+
+WorkerFactory = Callable[..., AbstractContextManager[Worker]]
+
+
+def test_worker_processes_never_share_a_task(
+    app: Celery, db: psycopg.Connection[Any], pg_dsn: str, schema: str
+) -> None:
+    coord.install(db)
+    total = 400
+    with (
+        worker_processes(pg_dsn, schema, ["claims-fork-1", "claims-fork-2"], pool="prefork") as a,
+        worker_processes(pg_dsn, schema, ["claims-thread-1", "claims-thread-2"]) as b,
+    ):
+        workers = a + b
+        for worker in workers:
+            worker.wait_ready(db)
+        remote(app, coord.RECORD).apply_many([((i,), {"sleep": 0.005}) for i in range(total)])
+        wait_until(
+            lambda: (
+                one(db, "SELECT count(*) AS n FROM tasks WHERE status = 'COMPLETED'")["n"] == total
+            ),
+            timeout=45,
+            what=f"{total} tasks to complete",
+            details=describe_all(workers),
+        )
+        assert all(w.alive() for w in workers), describe_all(workers)()
+        assert not [p for w in workers for p in w.problems()], describe_all(workers)()
+
+    runs = rows(db, "SELECT * FROM executions")
+    assert len(runs) == total
+    assert len({r["task_id"] for r in runs}) == total
+    assert {r["attempt"] for r in runs} == {1}
+    assert {r["runs"] for r in runs} == {1}, "a claim was executed twice"
+    assert all(r["finished_at"] is not None for r in runs)
+
+    history = rows(db, "SELECT * FROM attempts")
+    assert len(history) == total
+    assert {(h["attempt"], h["outcome"]) for h in history} == {(1, "completed")}
+    ran_on = {r["task_id"]: r["worker"] for r in runs}
+    assert all(ran_on[h["task_id"]] == h["worker"] for h in history)
+
+    final = rows(db, "SELECT status, attempt, claimed_by, lease_until FROM tasks")
+    assert {(t["status"], t["attempt"], t["claimed_by"], t["lease_until"]) for t in final} == {
+        ("COMPLETED", 1, None, None)
+    }
+    # Every process took part, so the claims really raced.
+    assert set(ran_on.values()) == {w.name for w in workers}
+
+
+def test_concurrent_claims_take_disjoint_rows(app: Celery, db: psycopg.Connection[Any]) -> None:
+    @app.task
+    def noop() -> None:
+        """Never runs: the test claims directly."""
+
+    total, claimers = 2000, 8
+    noop.apply_many([() for _ in range(total)])
+    barrier = threading.Barrier(claimers)
+
+    def claim_all(worker: str) -> list[tuple[str, int]]:
+        barrier.wait()
+        mine: list[tuple[str, int]] = []
+        while batch := app.broker.claim(worker, ["celery"], 7, 30.0):
+            mine.extend((t.id, t.attempt) for t in batch)
+        return mine
+
+    with ThreadPoolExecutor(claimers) as pool:
+        futures = {f"claimer-{i}": pool.submit(claim_all, f"claimer-{i}") for i in range(claimers)}
+        got = {name: f.result(timeout=60) for name, f in futures.items()}
+
+    claimed = [task_id for mine in got.values() for task_id, _ in mine]
+    assert len(claimed) == total
+    assert len(set(claimed)) == total, "a row was claimed by two claimers"
+    assert {attempt for mine in got.values() for _, attempt in mine} == {1}
+    assert sum(1 for mine in got.values() if mine) > 1, "the claims did not overlap"
+    owner = {task_id: name for name, mine in got.items() for task_id, _ in mine}
+    in_db = rows(db, "SELECT id, status, claimed_by, attempt FROM tasks")
+    assert all(
+        r["status"] == "RUNNING" and r["claimed_by"] == owner[r["id"]] and r["attempt"] == 1
+        for r in in_db
+    )
+
+
+def test_claim_order_is_priority_then_run_at_then_created_at(
+    app: Celery, db: psycopg.Connection[Any]
+) -> None:
+    @app.task
+    def noop() -> None:
+        """Never runs: the test claims directly."""
+
+    now = one(db, "SELECT now() AS now")["now"]
+    # id: (priority, run_at relative to now). Ids sort differently from the expected order.
+    specs = {
+        "e-lowest-priority-oldest-eta": (-3, -100),
+        "c-created-later": (0, -10),
+        "a-prio5-due-later": (5, -1),
+        "f-future": (9, 3600),
+        "d-created-earlier": (0, -10),
+        "b-prio5-due-earlier": (5, -5),
+    }
+    for task_id, (priority, offset) in specs.items():
+        noop.apply_async(task_id=task_id, priority=priority, eta=now + timedelta(seconds=offset))
+    noop.apply_async(task_id="g-other-queue", priority=100, queue="other", eta=now)
+    db.execute(
+        "UPDATE tasks SET created_at = now() - CASE id WHEN 'd-created-earlier' THEN"
+        " interval '1 hour' ELSE interval '1 minute' END WHERE id LIKE 'c-%' OR id LIKE 'd-%'"
+    )
+
+    order = []
+    for _ in range(len(specs) + 1):
+        claimed = app.broker.claim("orderly", ["celery"], 1, 30.0)
+        assert len(claimed) <= 1
+        if not claimed:
+            break
+        order.append(claimed[0].id)
+
+    assert order == [
+        "b-prio5-due-earlier",
+        "a-prio5-due-later",
+        "d-created-earlier",
+        "c-created-later",
+        "e-lowest-priority-oldest-eta",
+    ]
+    assert task_row(db, "f-future")["status"] == "PENDING"
+    assert task_row(db, "g-other-queue")["status"] == "PENDING"
+    assert [t.id for t in app.broker.claim("orderly", ["other"], 5, 30.0)] == ["g-other-queue"]
+
+
+def test_claim_across_queues_keeps_priority_order(app: Celery) -> None:
+    @app.task
+    def noop() -> None:
+        """Never runs: the test claims directly."""
+
+    for task_id, queue, priority in [
+        ("q1-low", "q1", 1),
+        ("q2-high", "q2", 8),
+        ("q3-mid", "q3", 5),
+        ("q1-top", "q1", 9),
+        ("q2-mid", "q2", 4),
+        ("q4-ignored", "q4", 100),
+    ]:
+        noop.apply_async(task_id=task_id, queue=queue, priority=priority)
+
+    queues = ["q1", "q2", "q3"]
+    [first] = app.broker.claim("multi", queues, 1, 30.0)
+    assert first.id == "q1-top"
+    assert {t.id for t in app.broker.claim("multi", queues, 2, 30.0)} == {"q2-high", "q3-mid"}
+    order = [app.broker.claim("multi", queues, 1, 30.0) for _ in range(3)]
+    assert [[t.id for t in batch] for batch in order] == [["q2-mid"], ["q1-low"], []]
+    assert [t.id for t in app.broker.claim("multi", ["q4"], 5, 30.0)] == ["q4-ignored"]
+
+
+def test_future_eta_and_countdown_are_not_claimed_early(
+    app: Celery, db: psycopg.Connection[Any]
+) -> None:
+    @app.task
+    def noop() -> None:
+        """Never runs: the test claims directly."""
+
+    now = one(db, "SELECT now() AS now")["now"]
+    by_countdown = noop.apply_async(countdown=3600)
+    by_eta = noop.apply_async(eta=now + timedelta(hours=2))
+
+    # countdown is added to the database's now() in the inserting statement.
+    delay = one(
+        db,
+        "SELECT extract(epoch FROM run_at - created_at) AS s FROM tasks WHERE id = %s",
+        (by_countdown.id,),
+    )["s"]
+    assert delay == 3600
+    assert task_row(db, by_eta.id)["run_at"] == now + timedelta(hours=2)
+    assert app.broker.claim("early", ["celery"], 10, 30.0) == []
+
+    db.execute(
+        "UPDATE tasks SET run_at = now() - interval '1 millisecond' WHERE id = %s",
+        (by_countdown.id,),
+    )
+    assert [t.id for t in app.broker.claim("early", ["celery"], 10, 30.0)] == [by_countdown.id]
+    assert task_row(db, by_eta.id)["status"] == "PENDING"
+
+    db.execute("UPDATE tasks SET run_at = now() + interval '1 second' WHERE id = %s", (by_eta.id,))
+    assert app.broker.claim("early", ["celery"], 10, 30.0) == []
+    db.execute("UPDATE tasks SET run_at = now() WHERE id = %s", (by_eta.id,))
+    assert [t.id for t in app.broker.claim("early", ["celery"], 10, 30.0)] == [by_eta.id]
+
+
+def test_worker_leaves_a_countdown_task_until_it_is_due(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: WorkerFactory
+) -> None:
+    ran: list[str] = []
+
+    @app.task
+    def mark(label: str) -> str:
+        ran.append(label)
+        return label
+
+    with worker_factory():
+        later = mark.apply_async(("later",), countdown=3600, priority=9)
+        # Due now but lower priority: had the worker taken `later` early, it would have taken it
+        # first, so once this one is done the worker has passed over `later` at least once.
+        now = mark.apply_async(("now",), priority=0)
+        assert now.get(timeout=10) == "now"
+        row = task_row(db, later.id)
+        assert (row["status"], row["attempt"]) == ("PENDING", 0)
+        assert later.state == "PENDING"
+
+        db.execute("UPDATE tasks SET run_at = now() WHERE id = %s", (later.id,))
+        assert later.get(timeout=10) == "later"
+    assert ran == ["now", "later"]
