@@ -62,7 +62,14 @@ class Settings(BaseSettings):
     )
     default_retry_delay: float = 180.0
     concurrency: int | None = None
-    prefetch_multiplier: int = 1
+    prefetch_multiplier: int = Field(
+        default=1, ge=1, description="Claim up to this many tasks per slot (1: adaptive)."
+    )
+    prefetch_window: float = Field(
+        default=0.05,
+        ge=0,
+        description="Seconds of work a worker may claim beyond its free slots (0: none).",
+    )
     lease_seconds: float = Field(default=30.0, gt=0.5)
     poll_interval: float = Field(default=0.5, gt=0)
     listen_notify: bool = Field(default=True, description="False: poll only (PgBouncer).")

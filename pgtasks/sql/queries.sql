@@ -68,11 +68,21 @@ RETURNING t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries
 -- name: renew_leases
 -- Extend the lease of every task this worker still owns; a row missing from the result was lost.
 -- cancel_requested tells the worker that a running task was revoked.
+WITH owned AS (
+    -- Rows are locked in id order by every multi-row write, so two batches of one worker
+    -- (a renewal and a completion, say) never deadlock.
+    SELECT t.id
+      FROM {schema}.tasks AS t
+      JOIN unnest(%(ids)s::text[], %(attempts)s::int[]) AS i(id, attempt)
+        ON t.id = i.id AND t.attempt = i.attempt
+     WHERE t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+     ORDER BY t.id
+       FOR UPDATE OF t
+)
 UPDATE {schema}.tasks AS t
    SET lease_until = now() + make_interval(secs => %(lease)s::float8)
-  FROM unnest(%(ids)s::text[], %(attempts)s::int[]) AS i(id, attempt)
- WHERE t.id = i.id AND t.attempt = i.attempt
-   AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+  FROM owned
+ WHERE t.id = owned.id AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
 RETURNING t.id, t.cancel_requested
 
 -- name: complete_batch
@@ -83,13 +93,20 @@ WITH input AS (
       FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(store)s::bool[],
                   %(content_types)s::text[], %(results)s::bytea[], %(started)s::timestamptz[])
         AS i(id, attempt, store, content_type, result, started_at)
+), owned AS (
+    SELECT t.id
+      FROM {schema}.tasks AS t
+      JOIN input AS i ON t.id = i.id AND t.attempt = i.attempt
+     WHERE t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+     ORDER BY t.id
+       FOR UPDATE OF t
 ), done AS (
     UPDATE {schema}.tasks AS t
        SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'COMPLETED' END,
            error = CASE WHEN t.cancel_requested THEN 'revoked while running' END,
            claimed_by = NULL, lease_until = NULL, updated_at = now()
-      FROM input AS i
-     WHERE t.id = i.id AND t.attempt = i.attempt
+      FROM input AS i, owned
+     WHERE t.id = owned.id AND t.id = i.id AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
     RETURNING t.id, t.attempt, t.status
 ), saved AS (
@@ -118,13 +135,20 @@ WITH input AS (
                   %(tracebacks)s::text[], %(store)s::bool[], %(content_types)s::text[],
                   %(results)s::bytea[], %(started)s::timestamptz[])
         AS i(id, attempt, status, error, traceback, store, content_type, result, started_at)
+), owned AS (
+    SELECT t.id
+      FROM {schema}.tasks AS t
+      JOIN input AS i ON t.id = i.id AND t.attempt = i.attempt
+     WHERE t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+     ORDER BY t.id
+       FOR UPDATE OF t
 ), done AS (
     UPDATE {schema}.tasks AS t
        SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE i.status END,
            error = i.error, traceback = i.traceback,
            claimed_by = NULL, lease_until = NULL, updated_at = now()
-      FROM input AS i
-     WHERE t.id = i.id AND t.attempt = i.attempt
+      FROM input AS i, owned
+     WHERE t.id = owned.id AND t.id = i.id AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
     RETURNING t.id, t.attempt, t.status
 ), saved AS (
@@ -153,6 +177,13 @@ WITH input AS (
                   %(etas)s::timestamptz[], %(errors)s::text[], %(tracebacks)s::text[],
                   %(outcomes)s::text[], %(started)s::timestamptz[])
         AS i(id, attempt, retries, delay, eta, error, traceback, outcome, started_at)
+), owned AS (
+    SELECT t.id
+      FROM {schema}.tasks AS t
+      JOIN input AS i ON t.id = i.id AND t.attempt = i.attempt
+     WHERE t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+     ORDER BY t.id
+       FOR UPDATE OF t
 ), done AS (
     UPDATE {schema}.tasks AS t
        SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
@@ -160,8 +191,8 @@ WITH input AS (
            run_at = COALESCE(i.eta, now() + make_interval(secs => i.delay)),
            error = i.error, traceback = i.traceback,
            claimed_by = NULL, lease_until = NULL, updated_at = now()
-      FROM input AS i
-     WHERE t.id = i.id AND t.attempt = i.attempt
+      FROM input AS i, owned
+     WHERE t.id = owned.id AND t.id = i.id AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
     RETURNING t.id, t.attempt, t.status, t.run_at
 ), history AS (
@@ -176,15 +207,26 @@ SELECT id, status, run_at FROM done
 -- name: release_batch
 -- Fenced hand-back of claimed rows that never started (shutdown, unknown task name): PENDING
 -- again after the given delay, the claim's attempt given back. A revoke that arrived wins.
+WITH input AS (
+    SELECT *
+      FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(delays)s::float8[], %(errors)s::text[])
+        AS i(id, attempt, delay, error)
+), owned AS (
+    SELECT t.id
+      FROM {schema}.tasks AS t
+      JOIN input AS i ON t.id = i.id AND t.attempt = i.attempt
+     WHERE t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+     ORDER BY t.id
+       FOR UPDATE OF t
+)
 UPDATE {schema}.tasks AS t
    SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
        attempt = t.attempt - 1,
        run_at = now() + make_interval(secs => i.delay),
        error = COALESCE(i.error, t.error),
        claimed_by = NULL, lease_until = NULL, updated_at = now()
-  FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(delays)s::float8[], %(errors)s::text[])
-    AS i(id, attempt, delay, error)
- WHERE t.id = i.id AND t.attempt = i.attempt
+  FROM input AS i, owned
+ WHERE t.id = owned.id AND t.id = i.id AND t.attempt = i.attempt
    AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
 RETURNING t.id, t.status
 

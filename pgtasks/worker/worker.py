@@ -82,7 +82,13 @@ class Worker:
         self.shutdown_grace = s.shutdown_grace if shutdown_grace is None else shutdown_grace
         multiplier = prefetch_multiplier or s.prefetch_multiplier
         # Rows claimed beyond the free slots wait here, leases renewed, until a slot frees up.
+        # A fixed multiplier sets the buffer; by default it is sized to hold about
+        # prefetch_window seconds of work at the tasks' measured run time, so short tasks are
+        # claimed many per statement while long ones are never hoarded.
+        self.fixed_prefetch = multiplier > 1
         self.prefetch_extra = self.concurrency * max(0, multiplier - 1)
+        self.prefetch_window = s.prefetch_window
+        self._runtime_ewma: float | None = None
         self._buffer: deque[ex.Job] = deque()
         self.log = log.bind(worker_id=self.id)
         self._inflight: dict[str, InFlight] = {}
@@ -156,7 +162,12 @@ class Worker:
         backoff = 0.1
         while not self._stopping.is_set():
             self._start_buffered()
+            if not self.fixed_prefetch:
+                self.prefetch_extra = self._adaptive_prefetch()
             want = self.pool.free_slots() + self.prefetch_extra - len(self._buffer)
+            if self._buffer and len(self._buffer) > self.prefetch_extra // 2:
+                # Refill the prefetch buffer in batches (one claim for many rows), not row by row.
+                want = 0
             if want <= 0:
                 self._wake.wait(self.poll_interval)
                 self._wake.clear()
@@ -191,6 +202,14 @@ class Worker:
                 self._stopping.set()
                 break
             self._wake.wait(self.poll_interval)
+
+    def _adaptive_prefetch(self) -> int:
+        """Rows to hold beyond the free slots: about prefetch_window seconds of work."""
+        runtime = self._runtime_ewma
+        if runtime is None or self.prefetch_window <= 0:
+            return 0
+        per_slot = int(self.prefetch_window / max(runtime, 1e-4))
+        return self.concurrency * min(per_slot, 100)
 
     def _start_buffered(self) -> None:
         """Hand claimed jobs to the pool while it has free slots."""
@@ -286,6 +305,8 @@ class Worker:
 
     def _done(self, o: ex.Outcome) -> None:
         """Called by the pool when a task finished: queue its final state."""
+        previous = self._runtime_ewma
+        self._runtime_ewma = o.runtime if previous is None else previous * 0.9 + o.runtime * 0.1
         with self._lock:
             entry = self._inflight.get(o.id)
             if entry is not None:
