@@ -1,0 +1,20 @@
+"""pgtasks application used by the shared benchmark harness (/work/shared/bench).
+
+Workers start it with ``python -m pgtasks -A pgtasks_app worker ...``; the adapter's ``env()``
+puts this folder and the harness folder (for ``common``) on ``PYTHONPATH`` and sets
+``PGTASKS_DATABASE_URL`` to the harness's database, which wins over the URL given here.
+"""
+
+import common  # the harness's module: database address and the completion sink
+
+from pgtasks import Celery
+
+DB = "bench_pgtasks"
+TASK_NAME = "bench.task"
+
+app = Celery("benchpgtasks", broker=common.dsn(DB))
+
+
+@app.task(name=TASK_NAME)
+def bench_task(run: str, ts: float) -> None:
+    common.task_body(run, ts)
