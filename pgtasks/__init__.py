@@ -5,6 +5,7 @@
 """
 
 from pgtasks.app import Celery, current_app, shared_task
+from pgtasks.canvas import Signature, chain, chord, group, signature
 from pgtasks.exceptions import (
     Ignore,
     MaxRetriesExceededError,
@@ -13,7 +14,7 @@ from pgtasks.exceptions import (
     SoftTimeLimitExceeded,
     TimeLimitExceeded,
 )
-from pgtasks.result import AsyncResult
+from pgtasks.result import AsyncResult, GroupResult
 from pgtasks.task import Task
 
 __version__ = "0.1.0"
@@ -21,14 +22,20 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncResult",
     "Celery",
+    "GroupResult",
     "Ignore",
     "MaxRetriesExceededError",
     "Reject",
     "Retry",
+    "Signature",
     "SoftTimeLimitExceeded",
     "Task",
     "TimeLimitExceeded",
     "__version__",
+    "chain",
+    "chord",
     "current_app",
+    "group",
     "shared_task",
+    "signature",
 ]

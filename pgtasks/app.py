@@ -6,13 +6,15 @@ uses it, so apps can be created at import time and survive ``fork``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
-from pgtasks import config, embedded, routing, serialization
+from pgtasks import config, embedded, routing, serialization, transaction
 from pgtasks.broker import Broker
 from pgtasks.exceptions import ImproperlyConfigured, NotRegistered
 from pgtasks.result import AsyncResult
@@ -118,8 +120,17 @@ class Celery:
         self._broker: Broker | None = None
         self._lock = threading.Lock()
         self._shared_bound = 0
+        self._discover_later: list[str] = []
+        #: The packages ``autodiscover_tasks()`` searches when given none (the Django fix-up
+        #: sets it to the installed apps); read only when discovery runs, after set-up.
+        self.default_packages: Callable[[], Iterable[str]] | None = None
         if set_as_current:
             _current = self
+        if os.environ.get("DJANGO_SETTINGS_MODULE"):
+            # As in Celery, a Django project gets the fix-up without asking for it.
+            from pgtasks.contrib import django as django_fixup
+
+            django_fixup.install_if_available(self)
 
     def __repr__(self) -> str:
         return f"<Celery {self.main or '__main__'}>"
@@ -150,9 +161,7 @@ class Celery:
                 raise
             if attr:
                 obj = getattr(obj, attr)
-        items: Mapping[str, Any] = (
-            obj if isinstance(obj, Mapping) else {k: getattr(obj, k) for k in dir(obj)}
-        )
+        items: Mapping[str, Any] = obj if isinstance(obj, Mapping) else _public_attributes(obj)
         prefix = f"{namespace}_" if namespace else ""
         for key, value in items.items():
             if key.startswith("__"):
@@ -202,6 +211,16 @@ class Celery:
                     )
         return self._broker
 
+    def transaction(self, connection: Any) -> contextlib.AbstractContextManager[Any]:
+        """``with app.transaction(conn):`` writes every task this app enqueues in the block (in
+        this thread or asyncio task) on ``conn``, inside its open transaction: the rows commit
+        or roll back with the caller's own writes.
+
+        ``conn`` is a psycopg 3 connection, a SQLAlchemy ``Session``/``Connection`` on psycopg 3,
+        or a Django database wrapper on psycopg 3. The block does not commit; the caller does.
+        """
+        return transaction.bind(self, connection)
+
     def close(self) -> None:
         """Close the connection pool."""
         if self._broker is not None:
@@ -209,7 +228,11 @@ class Celery:
             self._broker = None
 
     def decode_result(self, data: bytes, content_type: str, content_encoding: str) -> Any:
-        return serialization.decode(data, content_type, content_encoding, accept=None)
+        """A stored result, refused unless its content type is accepted: Celery's
+        ``result_accept_content``, else ``accept_content``."""
+        s = self.settings
+        accept = s.result_accept_content or s.accept_content
+        return serialization.decode(data, content_type, content_encoding, accept=accept)
 
     # -- tasks ---------------------------------------------------------------------------------
 
@@ -283,9 +306,22 @@ class Celery:
         return AsyncResult(id, self, task_name=task_name)
 
     def autodiscover_tasks(
-        self, packages: Iterable[str] | None = None, related_name: str = "tasks"
+        self,
+        packages: Iterable[str] | None = None,
+        related_name: str = "tasks",
+        force: bool = False,
     ) -> None:
-        """Import ``<package>.tasks`` for each package (and the ``include`` modules)."""
+        """Import ``<package>.tasks`` for each package (and the ``include`` modules).
+
+        With no packages, the packages are ``default_packages`` (Django's installed apps under
+        the Django fix-up), searched lazily as in Celery: when a worker starts, or now with
+        ``force=True`` — so a module can call this before Django is set up.
+        """
+        if packages is None and not force:
+            self._discover_later.append(related_name)
+            return
+        if packages is None:
+            packages = self.default_packages() if self.default_packages else ()
         for module in self.include:
             importlib.import_module(module)
         for package in packages or ():
@@ -299,7 +335,23 @@ class Celery:
         """Import the modules named in ``include`` so their tasks register."""
         for module in self.include:
             importlib.import_module(module)
+        while self._discover_later:
+            self.autodiscover_tasks(None, self._discover_later.pop(0), force=True)
         self._bind_shared()
+
+
+def _public_attributes(obj: Any) -> dict[str, Any]:
+    """An object's public attributes as a dict. Some settings objects (Django's) list names
+    in ``dir()`` that they cannot produce; those are skipped, not fatal."""
+    found: dict[str, Any] = {}
+    for key in dir(obj):
+        if key.startswith("_"):
+            continue
+        try:
+            found[key] = getattr(obj, key)
+        except AttributeError:
+            continue
+    return found
 
 
 def _not_here(name: str) -> Callable[..., Any]:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -48,6 +48,7 @@ class Success:
     content_type: str
     result: bytes | None
     started: datetime | None
+    followups: Followups | None = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class Failure:
     content_type: str
     result: bytes | None
     started: datetime | None
+    followups: Followups | None = None
 
 
 @dataclass(frozen=True)
@@ -274,7 +276,9 @@ class Broker:
         )
         return {row["id"]: row["cancel_requested"] for row in rows}
 
-    def complete(self, worker: str, items: Sequence[Success]) -> dict[str, str]:
+    def complete(
+        self, worker: str, items: Sequence[Success], conn: psycopg.Connection[Any] | None = None
+    ) -> dict[str, str]:
         """Fenced successes; returns id -> new status for the rows this worker still owned."""
         rows = self._all(
             "complete_batch",
@@ -287,10 +291,13 @@ class Broker:
                 "results": [i.result for i in items],
                 "started": [i.started for i in items],
             },
+            conn,
         )
         return {row["id"]: row["status"] for row in rows}
 
-    def fail(self, worker: str, items: Sequence[Failure]) -> dict[str, str]:
+    def fail(
+        self, worker: str, items: Sequence[Failure], conn: psycopg.Connection[Any] | None = None
+    ) -> dict[str, str]:
         """Fenced terminal failures (FAILED, DEAD or CANCELLED)."""
         rows = self._all(
             "fail_batch",
@@ -306,6 +313,7 @@ class Broker:
                 "results": [i.result for i in items],
                 "started": [i.started for i in items],
             },
+            conn,
         )
         return {row["id"]: row["status"] for row in rows}
 
@@ -413,6 +421,142 @@ class Broker:
             return None
         return None if row is None else row["version"]
 
+    # -- inspection (status, inspect) -------------------------------------------------------
+
+    def announce_tasks(self, worker: str, tasks: Sequence[str]) -> None:
+        """Record the task names ``worker`` has registered."""
+        self._all("announce_worker_tasks", {"id": worker, "tasks": list(tasks)})
+
+    def live_workers(self, within: float) -> list[Row]:
+        """Workers whose last heartbeat is newer than ``within`` seconds."""
+        return self._all("live_workers", {"within": within})
+
+    def running_tasks(self) -> list[Row]:
+        """Every RUNNING row with its owner."""
+        return self._all("running_tasks", {})
+
+    def scheduled_tasks(self, limit: int = 1000) -> list[Row]:
+        """PENDING rows not yet due, soonest first."""
+        return self._all("scheduled_tasks", {"limit": limit})
+
+    def worker_totals(self, workers: Sequence[str]) -> list[Row]:
+        """Finished attempts per worker and task name."""
+        return self._all("worker_totals", {"workers": list(workers)})
+
+    def revoked_ids(self, limit: int = 1000) -> list[str]:
+        """Ids of revoked tasks still in the table, newest first."""
+        return [row["id"] for row in self._all("revoked_tasks", {"limit": limit})]
+
+    # -- canvas: chords, follow-ups, group results --------------------------------------------
+
+    def apply_plan(self, plan: Plan, conn: psycopg.Connection[Any] | None = None) -> None:
+        """Write what applying a canvas produced in one transaction: chord counters first, then
+        every task row in one statement, then results decided up front."""
+        with self.connection(conn) as c:
+            if conn is not None and not conn.autocommit:
+                # The caller's transaction holds the rows: commit and rollback are its own.
+                self._write_plan(c, plan)
+                return
+            with c.transaction():
+                self._write_plan(c, plan)
+
+    def _write_plan(self, conn: psycopg.Connection[Any], plan: Plan) -> None:
+        if plan.chords:
+            self._all(
+                "insert_chords",
+                {
+                    "ids": [ch.id for ch in plan.chords],
+                    "members": [Jsonb(list(ch.member_ids)) for ch in plan.chords],
+                    "bodies": [Jsonb(ch.body) for ch in plan.chords],
+                },
+                conn,
+            )
+        if plan.messages:
+            self.enqueue_many(plan.messages, conn)
+        if plan.results:
+            self._all(
+                "store_results",
+                {
+                    "ids": [r.task_id for r in plan.results],
+                    "states": [r.state for r in plan.results],
+                    "content_types": [r.content_type for r in plan.results],
+                    "results": [r.result for r in plan.results],
+                    "tracebacks": [_text(r.traceback) for r in plan.results],
+                },
+                conn,
+            )
+
+    def finalise(
+        self,
+        worker: str,
+        items: Sequence[Success] | Sequence[Failure],
+        chord_ready: Callable[[Row, list[Row]], Plan],
+    ) -> dict[str, str]:
+        """Fenced completions or failures together with their follow-ups, in one transaction.
+
+        Follow-ups (link callbacks, the next chain step, chord counting) are written only for
+        the rows the fenced statement still found owned by ``worker``; a chord whose counter
+        reaches zero here gets its body from ``chord_ready`` (given the counter row and its
+        members' outcomes in header order), enqueued in this same transaction.
+        """
+        with self.pool.connection(timeout=self.connect_timeout) as conn, conn.transaction():
+            if items and isinstance(items[0], Success):
+                statuses = self.complete(worker, items, conn)  # type: ignore[arg-type]
+            else:
+                statuses = self.fail(worker, items, conn)  # type: ignore[arg-type]
+            plan = Plan()
+            for item in items:
+                status = statuses.get(item.id)
+                if status is None or item.followups is None:
+                    continue
+                follow = item.followups
+                chosen = follow.on_success if status == "COMPLETED" else follow.on_failure
+                if status != "CANCELLED" and chosen is not None:
+                    plan.extend(chosen)
+                if follow.chord:
+                    plan.chord_hits.append(follow.chord)
+            # A fired chord's body may itself finish an outer chord (a chord error), so count
+            # until nothing is left to count.
+            while plan.chord_hits:
+                hits, plan.chord_hits = plan.chord_hits, []
+                self._write_plan(conn, plan)
+                plan = Plan(chord_hits=plan.chord_hits)
+                fired = [
+                    r
+                    for r in self._all("decrement_chords", {"ids": hits}, conn)
+                    if r["remaining"] == 0
+                ]
+                for row in fired:
+                    members = self._all("chord_member_results", {"ids": row["member_ids"]}, conn)
+                    plan.extend(chord_ready(row, members))
+                if fired:
+                    self._all("delete_chords", {"ids": [r["id"] for r in fired]}, conn)
+            self._write_plan(conn, plan)
+        return statuses
+
+    def save_group(self, group_id: str, result_ids: Sequence[str]) -> None:
+        """Store a group's member ids (GroupResult.save)."""
+        self._all("save_group_result", {"id": group_id, "result_ids": list(result_ids)})
+
+    def restore_group(self, group_id: str) -> list[str] | None:
+        """The member ids saved for a group, or None."""
+        row = self._one("restore_group_result", {"id": group_id})
+        return None if row is None else list(row["result_ids"])
+
+    def delete_group(self, group_id: str) -> None:
+        """Forget a saved group."""
+        self._all("delete_group_result", {"id": group_id})
+
+    def children(self, task_id: str) -> list[Row]:
+        """Tasks enqueued by the completion of ``task_id`` (id, name), oldest first."""
+        return self._all("task_children", {"id": task_id})
+
+    def result_listen_connection(self) -> psycopg.Connection[Any]:
+        """A dedicated connection listening for stored results (AsyncResult.get's wake-up)."""
+        conn = self.connect()
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(result_channel(self.schema))))
+        return conn
+
 
 @contextmanager
 def _storage_errors(task_id: str | None) -> Iterator[None]:
@@ -436,3 +580,62 @@ def _storage_errors(task_id: str | None) -> Iterator[None]:
         raise ImproperlyConfigured(
             "the pgtasks schema does not exist in this database; run `pgtasks migrate`"
         ) from None
+
+
+# -- canvas data: what the canvas layer asks the broker to write ------------------------------
+
+
+def result_channel(schema: str) -> str:
+    """The channel announcing stored results for ``schema`` (see migration 0002)."""
+    return f"pgtasks_r_{schema}"[:63]
+
+
+@dataclass(frozen=True)
+class ChordSpec:
+    """A chord counter to create: its id, the member ids in header order, the body's dict."""
+
+    id: str
+    member_ids: Sequence[str]
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StoredResult:
+    """A result decided without running its task (a chord error, a broken chain's later step)."""
+
+    task_id: str
+    state: str
+    content_type: str
+    result: bytes | None
+    traceback: str | None = None
+
+
+@dataclass
+class Plan:
+    """Rows a canvas operation writes together: chord counters, task rows, results, and the
+    chords whose counters must go down."""
+
+    messages: list[TaskMessage] = field(default_factory=list)
+    chords: list[ChordSpec] = field(default_factory=list)
+    results: list[StoredResult] = field(default_factory=list)
+    chord_hits: list[str] = field(default_factory=list)
+
+    def extend(self, other: Plan) -> None:
+        """Add everything ``other`` writes to this plan."""
+        self.messages.extend(other.messages)
+        self.chords.extend(other.chords)
+        self.results.extend(other.results)
+        self.chord_hits.extend(other.chord_hits)
+
+    def __bool__(self) -> bool:
+        return bool(self.messages or self.chords or self.results or self.chord_hits)
+
+
+@dataclass(frozen=True)
+class Followups:
+    """What a task's completion triggers, decided where it ran: written with the fenced outcome
+    and only if that write found the row still owned."""
+
+    on_success: Plan | None = None
+    on_failure: Plan | None = None
+    chord: str | None = None  # the chord this task is a header member of

@@ -26,6 +26,7 @@ CELERY_NAMES: dict[str, str] = {
     "task_serializer": "task_serializer",
     "result_serializer": "result_serializer",
     "accept_content": "accept_content",
+    "result_accept_content": "result_accept_content",
     "task_ignore_result": "ignore_result",
     "result_expires": "result_expires",
     "worker_concurrency": "concurrency",
@@ -33,6 +34,9 @@ CELERY_NAMES: dict[str, str] = {
     "task_default_retry_delay": "default_retry_delay",
     "task_always_eager": "always_eager",
     "task_eager_propagates": "eager_propagates",
+    "task_time_limit": "task_time_limit",
+    "task_soft_time_limit": "task_soft_time_limit",
+    "worker_max_tasks_per_child": "max_tasks_per_child",
 }
 
 
@@ -55,6 +59,9 @@ class Settings(BaseSettings):
     task_serializer: str = "json"
     result_serializer: str = "json"
     accept_content: list[str] = Field(default_factory=lambda: ["json"])
+    result_accept_content: list[str] | None = Field(
+        default=None, description="Content types results may have (None: accept_content)."
+    )
     ignore_result: bool = False
     result_expires: float = Field(default=86400.0, description="Seconds results are kept.")
     finished_task_retention: float = Field(
@@ -83,6 +90,15 @@ class Settings(BaseSettings):
         description="Seconds before a task of an unregistered name is offered again.",
     )
     shutdown_grace: float = Field(default=30.0, ge=0)
+    task_time_limit: float | None = Field(
+        default=None, gt=0, description="Seconds before a task's process is killed (prefork)."
+    )
+    task_soft_time_limit: float | None = Field(
+        default=None, gt=0, description="Seconds before SoftTimeLimitExceeded is raised in a task."
+    )
+    max_tasks_per_child: int | None = Field(
+        default=None, ge=1, description="Tasks a prefork child runs before it is replaced."
+    )
     max_payload_bytes: int = Field(default=10 * 1024 * 1024, gt=0)
     always_eager: bool = False
     eager_propagates: bool = False
@@ -95,7 +111,7 @@ class Settings(BaseSettings):
         default=10.0, gt=0, description="Seconds to wait for a database connection."
     )
 
-    @field_validator("accept_content", mode="before")
+    @field_validator("accept_content", "result_accept_content", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
         if isinstance(value, str):

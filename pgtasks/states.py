@@ -19,6 +19,32 @@ EXCEPTION_STATES = frozenset({RETRY, FAILURE, REVOKED})
 PROPAGATE_STATES = frozenset({FAILURE, REVOKED})
 ALL_STATES = frozenset({PENDING, RECEIVED, STARTED, SUCCESS, FAILURE, RETRY, REVOKED})
 
+# Celery's order of states, most final first (None stands for any custom state).
+PRECEDENCE = [SUCCESS, FAILURE, None, REVOKED, STARTED, RECEIVED, REJECTED, RETRY, PENDING]
+PRECEDENCE_LOOKUP = {name: index for index, name in enumerate(PRECEDENCE)}
+NONE_PRECEDENCE = PRECEDENCE_LOOKUP[None]
+
+
+def precedence(name: str | None) -> int:
+    """A state's rank in Celery's order (lower is more final); custom states rank as None."""
+    return PRECEDENCE_LOOKUP.get(name, NONE_PRECEDENCE)
+
+
+class state(str):
+    """A state name that compares by precedence: ``state(SUCCESS) > state(PENDING)``."""
+
+    def __gt__(self, other: object) -> bool:
+        return precedence(self) < precedence(str(other))
+
+    def __ge__(self, other: object) -> bool:
+        return precedence(self) <= precedence(str(other))
+
+    def __lt__(self, other: object) -> bool:
+        return precedence(self) > precedence(str(other))
+
+    def __le__(self, other: object) -> bool:
+        return precedence(self) >= precedence(str(other))
+
 
 class Status:
     """The ``status`` column of a task row."""

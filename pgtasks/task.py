@@ -8,15 +8,17 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
-from pgtasks import exceptions
+from pgtasks import exceptions, signals
 from pgtasks.request import Request
 from pgtasks.retry import exponential_backoff
 from pgtasks.serialization import EncodeError, encode, find_unencodable
+from pgtasks.transaction import resolve
 
 if TYPE_CHECKING:
     import psycopg
 
     from pgtasks.app import Celery
+    from pgtasks.canvas import Signature
     from pgtasks.message import TaskMessage
     from pgtasks.result import AsyncResult
 
@@ -44,6 +46,10 @@ class Task(Generic[P, R]):
     ignore_result: bool | None = None
     serializer: str | None = None
     typing: bool = True
+    #: Seconds (Celery's options): the soft limit raises SoftTimeLimitExceeded in the task, the
+    #: hard one kills its prefork child and fails it with TimeLimitExceeded. None: the worker's.
+    time_limit: float | None = None
+    soft_time_limit: float | None = None
 
     MaxRetriesExceededError = exceptions.MaxRetriesExceededError
 
@@ -159,6 +165,22 @@ class Task(Generic[P, R]):
         """Enqueue a call with default options; the row is committed when this returns."""
         return self.apply_async(args, kwargs)
 
+    def delay_on_commit(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        """``delay`` once Django's current transaction commits (Celery 5.4's ``DjangoTask``);
+        nothing is enqueued if it rolls back, and it enqueues at once outside a transaction.
+
+        Returns None, as in Celery: the task does not exist until the commit.
+        """
+        from pgtasks.contrib.django import on_commit
+
+        on_commit(lambda: self.delay(*args, **kwargs))
+
+    def apply_async_on_commit(self, *args: Any, **kwargs: Any) -> None:
+        """``apply_async`` once Django's current transaction commits (see ``delay_on_commit``)."""
+        from pgtasks.contrib.django import on_commit
+
+        on_commit(lambda: self.apply_async(*args, **kwargs))
+
     def apply_async(
         self,
         args: Sequence[Any] | None = None,
@@ -196,8 +218,53 @@ class Task(Generic[P, R]):
             max_retries=max_retries,
             **options,
         )
-        self.app.broker.enqueue(msg, conn=connection)
+        signals.send_before_publish(msg, args, kwargs)
+        self.app.broker.enqueue(msg, conn=self._enqueue_conn(connection))
+        signals.send_after_publish(msg, args, kwargs)
         return self.app.AsyncResult(msg.id, task_name=self.name)
+
+    # -- canvas ------------------------------------------------------------------------------
+
+    def signature(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> Signature:
+        """A signature of a call of this task (``options`` are ``apply_async`` options)."""
+        from pgtasks.canvas import Signature
+
+        immutable = bool(options.pop("immutable", False))
+        opts = dict(options.pop("options", None) or {}, **options)
+        return Signature(self, args, kwargs, opts, immutable=immutable, app=self.app)
+
+    subtask = signature
+
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """``task.s(1, x=2)``: a signature with partial arguments."""
+        return self.signature(args, kwargs)
+
+    def si(self, *args: Any, **kwargs: Any) -> Signature:
+        """An immutable signature: it ignores a parent's result when chained or linked."""
+        return self.signature(args, kwargs, immutable=True)
+
+    def map(self, it: Sequence[Any]) -> Signature:
+        """One task that calls this task on each item (Celery's ``xmap``)."""
+        from pgtasks.canvas import xmap
+
+        return xmap(self, it)
+
+    def starmap(self, it: Sequence[Sequence[Any]]) -> Signature:
+        """One task that calls this task with each item as its arguments (``xstarmap``)."""
+        from pgtasks.canvas import xstarmap
+
+        return xstarmap(self, it)
+
+    def chunks(self, it: Sequence[Sequence[Any]], n: int) -> Signature:
+        """``it`` split into tasks of ``n`` calls each (Celery's ``chunks``)."""
+        from pgtasks.canvas import chunks
+
+        return chunks(self, it, n)
 
     def apply_many(
         self,
@@ -207,14 +274,25 @@ class Task(Generic[P, R]):
     ) -> list[AsyncResult]:
         """Enqueue many calls in one statement. Each item is ``(args, kwargs)`` or an args tuple."""
         msgs = []
+        bodies = []
         for call in calls:
             if len(call) == 2 and isinstance(call[1], dict) and isinstance(call[0], (list, tuple)):
                 args, kwargs = call[0], call[1]
             else:
                 args, kwargs = tuple(call), {}
             msgs.append(self.build_message(args, kwargs, **options))
-        self.app.broker.enqueue_many(msgs, conn=connection)
+            bodies.append((args, kwargs))
+        for msg, (args, kwargs) in zip(msgs, bodies, strict=True):
+            signals.send_before_publish(msg, args, kwargs)
+        self.app.broker.enqueue_many(msgs, conn=self._enqueue_conn(connection))
+        for msg, (args, kwargs) in zip(msgs, bodies, strict=True):
+            signals.send_after_publish(msg, args, kwargs)
         return [self.app.AsyncResult(m.id, task_name=self.name) for m in msgs]
+
+    def _enqueue_conn(self, connection: Any) -> psycopg.Connection[Any] | None:
+        """The caller's connection, else the one an ``app.transaction`` block (or an
+        integration such as Django's) binds, else None for the app's pool."""
+        return resolve(self.app, connection)
 
     def build_message(
         self,
@@ -279,6 +357,11 @@ class Task(Generic[P, R]):
         if not isinstance(queue, str) or not queue:
             raise ValueError("queue must be a non-empty string")
         all_headers: dict[str, Any] = dict(headers or {})
+        from pgtasks.worker.timelimits import HEADER, header
+
+        limits = header(options.pop("time_limit", None), options.pop("soft_time_limit", None))
+        if limits is not None:
+            all_headers[HEADER] = limits
         if ignore_result is None:
             ignore_result = (
                 self.ignore_result if self.ignore_result is not None else settings.ignore_result
@@ -287,6 +370,14 @@ class Task(Generic[P, R]):
             all_headers["ignore_result"] = True
         if serializer != settings.result_serializer:
             all_headers.setdefault("result_serializer", settings.result_serializer)
+        for key in ("link", "link_error"):
+            # Canvas callbacks travel in the headers as signature dicts.
+            from pgtasks.canvas import signature_list
+
+            callbacks = signature_list(options.get(key))
+            if callbacks:
+                options.pop(key)
+                all_headers[key] = callbacks
         if options:
             # Celery options without a meaning here are accepted, so calling code keeps working.
             all_headers.setdefault("options", {k: v for k, v in options.items() if _is_plain(v)})
@@ -320,20 +411,33 @@ class Task(Generic[P, R]):
         # Round-trip the arguments through the serializer, like current Celery does.
         body = encode([list(args or ()), dict(kwargs or {})], serializer)
         a, kw = decode(body.data, body.content_type, body.content_encoding, None)
+        # Imported here so that defining and enqueueing tasks never loads the worker package.
+        from pgtasks.utils.state import pop_task, push_task
+        from pgtasks.worker import task_signals as sent
+
         tid = task_id or str(uuid.uuid4())
-        self.push_request(
-            Request(id=tid, args=tuple(a), kwargs=kw, is_eager=True, called_directly=False)
-        )
+        request = Request(id=tid, args=tuple(a), kwargs=kw, is_eager=True, called_directly=False)
+        self.push_request(request)
+        push_task(self)
+        # Eager calls send the task signals a worker would, as Celery's eager tracer does.
+        sent.prerun(self, request)
         try:
             value = self.run(*a, **kw)
         except exceptions.Retry as exc:
+            sent.retry(self, request, exc, exc.exc or exc)
+            sent.postrun(self, request, "RETRY", exc)
             return EagerResult(tid, exc.exc or exc, "RETRY", self.name)
         except Exception as exc:
+            sent.failure(self, request, exc)
+            sent.postrun(self, request, "FAILURE", exc)
             if settings.eager_propagates:
                 raise
             return EagerResult(tid, exc, "FAILURE", self.name)
         finally:
+            pop_task()
             self.pop_request()
+        sent.success(self, value, request)
+        sent.postrun(self, request, "SUCCESS", value, request)
         return EagerResult(tid, value, "SUCCESS", self.name)
 
     # -- retrying ------------------------------------------------------------------------------

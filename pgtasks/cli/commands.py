@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from pgtasks import logging as pglogging
 from pgtasks.cli.main import cli, get_app
+from pgtasks.cli.worker_flags import CeleryWorkerFlags, celery_worker_options
 
 
 def _queues(value: str | None) -> list[str] | None:
@@ -48,15 +51,12 @@ def _queues(value: str | None) -> list[str] | None:
     type=click.FloatRange(min=0),
     help="Seconds to finish running tasks on SIGTERM.",
 )
-@click.option("--without-gossip", is_flag=True, hidden=True)
-@click.option("--without-mingle", is_flag=True, hidden=True)
-@click.option("--without-heartbeat", is_flag=True, hidden=True)
-@click.option("-O", "optimization", hidden=True)
 @click.option(
     "--prefetch-multiplier",
     type=click.IntRange(min=1),
     help="Claim up to this many tasks per slot (default 1: never more than free slots).",
 )
+@celery_worker_options
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -74,7 +74,7 @@ def worker(
     burst: bool,
     shutdown_grace: float | None,
     prefetch_multiplier: int | None,
-    **_ignored: object,
+    **celery_flags: Any,
 ) -> None:
     """Claim and run tasks until stopped (SIGTERM: finish running tasks; again: stop now).
 
@@ -85,25 +85,30 @@ def worker(
     """
     from pgtasks.worker import Worker
 
+    flags = CeleryWorkerFlags(**celery_flags)
+    # The app module is imported first, as in Celery: its setup_logging receivers decide.
+    app = get_app(ctx)
     try:
-        pglogging.setup(loglevel, log_format)
+        pglogging.setup(loglevel, log_format, stream=flags.log_stream(worker_id))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="-l/--loglevel") from None
-    app = get_app(ctx)
-    Worker(
-        app,
-        queues=_queues(queues),
-        concurrency=concurrency,
-        pool=pool,
-        worker_id=worker_id,
-        lease=lease,
-        poll_interval=poll_interval,
-        listen=False if poll_only else None,
-        migrate=migrate,
-        burst=burst,
-        shutdown_grace=shutdown_grace,
-        prefetch_multiplier=prefetch_multiplier,
-    ).run()
+    consumed = flags.queues(_queues(queues), app.settings.default_queue)
+    with flags.session(app, consumed, migrate, worker_id):
+        Worker(
+            app,
+            queues=consumed,
+            concurrency=flags.concurrency(concurrency),
+            pool=pool,
+            worker_id=worker_id,
+            lease=lease,
+            poll_interval=poll_interval,
+            listen=False if poll_only else None,
+            migrate=migrate,
+            burst=burst,
+            shutdown_grace=shutdown_grace,
+            prefetch_multiplier=prefetch_multiplier,
+            **flags.worker_options(),
+        ).run()
 
 
 @cli.command()
@@ -128,13 +133,21 @@ def migrate(ctx: click.Context, schema: str | None) -> None:
 
 @cli.command()
 @click.option("-Q", "--queues", help="Only these comma-separated queues.")
+@click.option("-X", "--exclude-queues", help="All queues but these comma-separated ones.")
 @click.option("-f", "--force", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_context
-def purge(ctx: click.Context, queues: str | None, force: bool) -> None:
+def purge(ctx: click.Context, queues: str | None, exclude_queues: str | None, force: bool) -> None:
     """Delete every waiting task (running ones are left alone)."""
     app = get_app(ctx, required=False)
+    names = _queues(queues)
     where = f"queues {queues}" if queues else "all queues"
+    if exclude_queues:
+        excluded = set(_queues(exclude_queues) or ())
+        known = names or sorted({row["queue"] for row in app.broker.counts()})
+        names = [q for q in known if q not in excluded]
+        where = f"{where} except {exclude_queues}"
     if not force:
         click.confirm(f"Delete all waiting tasks in {where}? This cannot be undone", abort=True)
-    count = app.broker.purge(_queues(queues))
+    # An exclusion can leave nothing to purge: an empty list must not mean "every queue".
+    count = app.broker.purge(names) if names is None or names else 0
     click.echo(f"Purged {count} {'message' if count == 1 else 'messages'} from {where}.")

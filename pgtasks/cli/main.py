@@ -85,9 +85,25 @@ class AppGroup(click.Group):
     metavar="URL",
     help="Database URL (overrides the app's; PGTASKS_DATABASE_URL still wins).",
 )
+@click.option("--workdir", hidden=True, help="Change to this directory first (Celery's).")
+@click.option("--config", "config_module", hidden=True, help="Settings module (Celery's).")
+@click.option("-q", "--quiet", is_flag=True, hidden=True)
+@click.option("--result-backend", hidden=True)  # results live in the same database
+@click.option("--loader", hidden=True)
+@click.option("-C", "--no-color", is_flag=True, hidden=True)
+@click.option("--skip-checks", is_flag=True, hidden=True)
 @click.version_option(package_name="pgtasks")
 @click.pass_context
-def cli(ctx: click.Context, app_spec: str | None, broker: str | None) -> None:
+def cli(
+    ctx: click.Context,
+    /,
+    app_spec: str | None,
+    broker: str | None,
+    workdir: str | None,
+    config_module: str | None,
+    quiet: bool,
+    **_celery_globals: Any,
+) -> None:
     """pgtasks: Celery's API on PostgreSQL, no broker.
 
     \b
@@ -99,6 +115,13 @@ def cli(ctx: click.Context, app_spec: str | None, broker: str | None) -> None:
     ctx.ensure_object(dict)
     ctx.obj["app_spec"] = app_spec
     ctx.obj["broker"] = broker
+    ctx.obj["config_module"] = config_module
+    ctx.obj["quiet"] = quiet
+    if workdir:
+        try:
+            os.chdir(workdir)
+        except OSError as exc:
+            raise click.BadParameter(str(exc), param_hint="--workdir") from None
 
 
 def get_app(ctx: click.Context, required: bool = True) -> Any:
@@ -112,6 +135,8 @@ def get_app(ctx: click.Context, required: bool = True) -> Any:
         raise click.UsageError("no app given: pass -A MODULE (or set PGTASKS_APP)")
     else:
         app = Celery("pgtasks", set_as_current=False)
+    if ctx.obj.get("config_module"):
+        app.config_from_object(ctx.obj["config_module"])
     if ctx.obj.get("broker"):
         app.conf["broker_url"] = ctx.obj["broker"]
     return app
@@ -119,6 +144,6 @@ def get_app(ctx: click.Context, required: bool = True) -> Any:
 
 def main() -> None:
     """Console entry point."""
-    from pgtasks.cli import commands  # noqa: F401 - registers the commands
+    from pgtasks.cli import commands, control, upgrade  # noqa: F401 - registers the commands
 
     cli(prog_name="pgtasks")

@@ -70,19 +70,23 @@ RETURNING t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries
 -- cancel_requested tells the worker that a running task was revoked.
 WITH owned AS (
     -- Rows are locked in id order by every multi-row write, so two batches of one worker
-    -- (a renewal and a completion, say) never deadlock.
+    -- (a renewal and a completion, say) never deadlock. "id = ANY" keeps the lookup on the
+    -- primary key: the planner cannot see how many rows unnest() yields and would otherwise
+    -- walk every RUNNING row.
     SELECT t.id
       FROM {schema}.tasks AS t
       JOIN unnest(%(ids)s::text[], %(attempts)s::int[]) AS i(id, attempt)
         ON t.id = i.id AND t.attempt = i.attempt
-     WHERE t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+     WHERE t.id = ANY(%(ids)s::text[])
+       AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
      ORDER BY t.id
        FOR UPDATE OF t
 )
 UPDATE {schema}.tasks AS t
    SET lease_until = now() + make_interval(secs => %(lease)s::float8)
   FROM owned
- WHERE t.id = owned.id AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+ WHERE t.id = ANY(%(ids)s::text[]) AND t.id = owned.id
+   AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
 RETURNING t.id, t.cancel_requested
 
 -- name: complete_batch
@@ -97,7 +101,8 @@ WITH input AS (
     SELECT t.id
       FROM {schema}.tasks AS t
       JOIN input AS i ON t.id = i.id AND t.attempt = i.attempt
-     WHERE t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+     WHERE t.id = ANY(%(ids)s::text[])
+       AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
      ORDER BY t.id
        FOR UPDATE OF t
 ), done AS (
@@ -106,7 +111,8 @@ WITH input AS (
            error = CASE WHEN t.cancel_requested THEN 'revoked while running' END,
            claimed_by = NULL, lease_until = NULL, updated_at = now()
       FROM input AS i, owned
-     WHERE t.id = owned.id AND t.id = i.id AND t.attempt = i.attempt
+     WHERE t.id = ANY(%(ids)s::text[]) AND t.id = owned.id AND t.id = i.id
+       AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
     RETURNING t.id, t.attempt, t.status
 ), saved AS (
@@ -139,7 +145,8 @@ WITH input AS (
     SELECT t.id
       FROM {schema}.tasks AS t
       JOIN input AS i ON t.id = i.id AND t.attempt = i.attempt
-     WHERE t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+     WHERE t.id = ANY(%(ids)s::text[])
+       AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
      ORDER BY t.id
        FOR UPDATE OF t
 ), done AS (
@@ -148,7 +155,8 @@ WITH input AS (
            error = i.error, traceback = i.traceback,
            claimed_by = NULL, lease_until = NULL, updated_at = now()
       FROM input AS i, owned
-     WHERE t.id = owned.id AND t.id = i.id AND t.attempt = i.attempt
+     WHERE t.id = ANY(%(ids)s::text[]) AND t.id = owned.id AND t.id = i.id
+       AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
     RETURNING t.id, t.attempt, t.status
 ), saved AS (
@@ -181,7 +189,8 @@ WITH input AS (
     SELECT t.id
       FROM {schema}.tasks AS t
       JOIN input AS i ON t.id = i.id AND t.attempt = i.attempt
-     WHERE t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+     WHERE t.id = ANY(%(ids)s::text[])
+       AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
      ORDER BY t.id
        FOR UPDATE OF t
 ), done AS (
@@ -192,7 +201,8 @@ WITH input AS (
            error = i.error, traceback = i.traceback,
            claimed_by = NULL, lease_until = NULL, updated_at = now()
       FROM input AS i, owned
-     WHERE t.id = owned.id AND t.id = i.id AND t.attempt = i.attempt
+     WHERE t.id = ANY(%(ids)s::text[]) AND t.id = owned.id AND t.id = i.id
+       AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
     RETURNING t.id, t.attempt, t.status, t.run_at
 ), history AS (
@@ -215,7 +225,8 @@ WITH input AS (
     SELECT t.id
       FROM {schema}.tasks AS t
       JOIN input AS i ON t.id = i.id AND t.attempt = i.attempt
-     WHERE t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+     WHERE t.id = ANY(%(ids)s::text[])
+       AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
      ORDER BY t.id
        FOR UPDATE OF t
 )
@@ -226,7 +237,8 @@ UPDATE {schema}.tasks AS t
        error = COALESCE(i.error, t.error),
        claimed_by = NULL, lease_until = NULL, updated_at = now()
   FROM input AS i, owned
- WHERE t.id = owned.id AND t.id = i.id AND t.attempt = i.attempt
+ WHERE t.id = ANY(%(ids)s::text[]) AND t.id = owned.id AND t.id = i.id
+   AND t.attempt = i.attempt
    AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
 RETURNING t.id, t.status
 
@@ -343,3 +355,113 @@ SELECT max(version) AS version FROM {schema}.migrations
 SELECT count(*) AS n
   FROM {schema}.tasks
  WHERE status IN ('PENDING', 'RUNNING') AND queue = ANY(%(queues)s::text[])
+
+-- name: announce_worker_tasks
+-- Record the task names a worker has registered (for inspect registered).
+UPDATE {schema}.workers SET tasks = %(tasks)s::text[] WHERE id = %(id)s
+
+-- name: live_workers
+-- Workers whose heartbeat is newer than %(within)s seconds, for status and inspect.
+SELECT id, host, pid, queues, concurrency, tasks, started_at, heartbeat_at,
+       extract(epoch FROM now() - started_at)::float8 AS uptime
+  FROM {schema}.workers
+ WHERE heartbeat_at > now() - make_interval(secs => %(within)s::float8)
+ ORDER BY id
+
+-- name: running_tasks
+-- RUNNING rows with their owners, for inspect active and reserved.
+SELECT id, name, queue, priority, attempt, retries, claimed_by, lease_until, headers,
+       payload::text AS payload, content_type, updated_at
+  FROM {schema}.tasks
+ WHERE status = 'RUNNING'
+ ORDER BY claimed_by, updated_at, id
+
+-- name: scheduled_tasks
+-- PENDING rows whose run_at is still in the future (eta, countdown, retry backoff).
+SELECT id, name, queue, priority, run_at, retries, headers, payload::text AS payload, content_type
+  FROM {schema}.tasks
+ WHERE status = 'PENDING' AND run_at > now()
+ ORDER BY run_at, id
+ LIMIT %(limit)s
+
+-- name: worker_totals
+-- Attempts each of the given workers finished, by task name (inspect stats' "total").
+SELECT a.worker, COALESCE(t.name, '?') AS name, count(*) AS n
+  FROM {schema}.attempts AS a
+  LEFT JOIN {schema}.tasks AS t ON t.id = a.task_id
+ WHERE a.worker = ANY(%(workers)s::text[])
+ GROUP BY a.worker, COALESCE(t.name, '?')
+ ORDER BY a.worker, 2
+
+-- Canvas: chords, saved group results, children. -------------------------------------------
+
+-- name: insert_chords
+-- Create chord counters (one per chord), before or with their header members' rows.
+INSERT INTO {schema}.chords (id, member_ids, remaining, body)
+SELECT c.id, ARRAY(SELECT jsonb_array_elements_text(c.members)),
+       jsonb_array_length(c.members), c.body
+  FROM unnest(%(ids)s::text[], %(members)s::jsonb[], %(bodies)s::jsonb[]) AS c(id, members, body)
+
+-- name: decrement_chords
+-- Count finished header members (an id appears once per member); RETURNING the counters after
+-- the update, so the transaction that brings one to zero knows it must enqueue the body.
+WITH hits AS (
+    SELECT id, count(*)::int AS n FROM unnest(%(ids)s::text[]) AS h(id) GROUP BY id
+), locked AS (
+    SELECT c.id FROM {schema}.chords AS c JOIN hits USING (id) ORDER BY c.id FOR UPDATE OF c
+)
+UPDATE {schema}.chords AS c
+   SET remaining = greatest(c.remaining - hits.n, 0)
+  FROM hits, locked
+ WHERE c.id = hits.id AND c.id = locked.id
+RETURNING c.id, c.remaining, c.member_ids, c.body
+
+-- name: delete_chords
+-- Drop counters whose body has been enqueued (or whose error has been recorded).
+DELETE FROM {schema}.chords WHERE id = ANY(%(ids)s::text[]) AND remaining = 0
+
+-- name: chord_member_results
+-- Header members' outcomes in header order, for the chord body's argument.
+SELECT m.idx, m.id, r.state, r.content_type, r.content_encoding, r.result, t.status, t.error
+  FROM unnest(%(ids)s::text[]) WITH ORDINALITY AS m(id, idx)
+  LEFT JOIN {schema}.results AS r ON r.task_id = m.id
+  LEFT JOIN {schema}.tasks AS t ON t.id = m.id
+ ORDER BY m.idx
+
+-- name: store_results
+-- Record results decided without running a task (a chord's error, a failed chain's later steps).
+INSERT INTO {schema}.results (task_id, state, content_type, result, traceback, date_done)
+SELECT * , now()
+  FROM unnest(%(ids)s::text[], %(states)s::text[], %(content_types)s::text[],
+              %(results)s::bytea[], %(tracebacks)s::text[])
+ON CONFLICT (task_id) DO UPDATE
+   SET state = EXCLUDED.state, content_type = EXCLUDED.content_type, result = EXCLUDED.result,
+       traceback = EXCLUDED.traceback, date_done = EXCLUDED.date_done
+
+-- name: save_group_result
+-- GroupResult.save(): remember a group's member ids under the group id.
+INSERT INTO {schema}.group_results (id, result_ids) VALUES (%(id)s, %(result_ids)s::text[])
+ON CONFLICT (id) DO UPDATE SET result_ids = EXCLUDED.result_ids, date_done = now()
+
+-- name: restore_group_result
+-- GroupResult.restore(): the member ids saved under a group id.
+SELECT result_ids FROM {schema}.group_results WHERE id = %(id)s
+
+-- name: delete_group_result
+-- GroupResult.delete(): forget a saved group.
+DELETE FROM {schema}.group_results WHERE id = %(id)s
+
+-- name: task_children
+-- AsyncResult.children: the calls enqueued by a task's completion (links, next chain step).
+SELECT id, name
+  FROM {schema}.tasks
+ WHERE headers ? 'parent_id' AND headers ->> 'parent_id' = %(id)s
+ ORDER BY created_at, id
+
+-- name: revoked_tasks
+-- Ids of revoked tasks still in the table, newest first (inspect revoked).
+SELECT id
+  FROM {schema}.tasks
+ WHERE status = 'CANCELLED' OR (cancel_requested AND status = 'RUNNING')
+ ORDER BY updated_at DESC, id
+ LIMIT %(limit)s

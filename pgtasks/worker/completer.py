@@ -17,7 +17,7 @@ from typing import Any, Union
 import psycopg
 import structlog
 
-from pgtasks.broker import Broker, Failure, Release, RetryAt, Success
+from pgtasks.broker import Broker, Failure, Plan, Release, RetryAt, Row, Success
 
 Final = Union[Success, Failure, RetryAt, Release]  # noqa: UP007 - a runtime alias on 3.10
 log = structlog.get_logger("pgtasks")
@@ -38,6 +38,9 @@ class Completer(threading.Thread):
         self.worker_id = worker_id
         self.on_written = on_written
         self.max_batch = max_batch
+        # Builds a chord's body when its last member finishes (set by the worker, which has
+        # the app to decode results with); batches carrying canvas follow-ups need it.
+        self.chord_ready: Callable[[Row, list[Row]], Plan] | None = None
         self._queue: queue.SimpleQueue[Final | None] = queue.SimpleQueue()
         self._stop_requested = threading.Event()
         self.pending = 0
@@ -100,6 +103,13 @@ class Completer(threading.Thread):
             Release: self.broker.release,
         }
         write = writers[kind]
+        chord_ready = self.chord_ready
+        if chord_ready is not None and any(getattr(i, "followups", None) for i in items):
+            # Follow-ups are written in the transaction of the fenced outcome.
+            def write(worker: str, batch: list[Any]) -> dict[str, str]:
+                assert chord_ready is not None
+                return self.broker.finalise(worker, batch, chord_ready)
+
         delay = 0.1
         while True:
             try:

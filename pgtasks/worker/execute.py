@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import time
 import traceback as tb
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pgtasks import exceptions
+from pgtasks.canvas import after_failure, after_success, has_followups
 from pgtasks.request import Request
 from pgtasks.result import exception_to_dict
 from pgtasks.serialization import Encoded, EncodeError, encode
+from pgtasks.utils.state import pop_task, push_task
+from pgtasks.worker import task_signals, timelimits
 
 if TYPE_CHECKING:
     from pgtasks.app import Celery
@@ -39,6 +44,9 @@ class Job:
     hostname: str
     store_result: bool
     result_serializer: str
+    # Seconds; None means no limit (see timelimits.resolve for where they come from).
+    time_limit: float | None = None
+    soft_time_limit: float | None = None
 
 
 # Outcome kinds, one per fenced statement family.
@@ -67,6 +75,25 @@ class Outcome:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+#: A callable run where tasks run, around every call: ``hook(task, request)``.
+ExecutionHook = Callable[[Any, Request], None]
+
+# Per app, so two apps in one process (tests, the pytest plugin) never share an extension.
+_hooks: weakref.WeakKeyDictionary[Celery, list[tuple[ExecutionHook, ExecutionHook]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def add_execution_hooks(app: Celery, before: ExecutionHook, after: ExecutionHook) -> None:
+    """Run ``before`` ahead of every task ``app`` executes and ``after`` once it returned
+    (whatever the outcome), in the thread or process running the task.
+
+    Extensions such as the Django fix-up plug in here rather than branching inside
+    ``execute``; a hook that raises is logged and never changes the task's outcome.
+    """
+    _hooks.setdefault(app, []).append((before, after))
+
+
 def execute(app: Celery, job: Job) -> Outcome:
     """Run ``job`` and report its outcome; never raises."""
     started = time.time()
@@ -91,14 +118,22 @@ def execute(app: Celery, job: Job) -> Outcome:
         max_retries=job.max_retries,
     )
     task.push_request(request)
+    push_task(task)
+    task_signals.prerun(task, job)
+    hooks = _hooks.get(app, ())
+    for before, _ in hooks:
+        _hook(before, task, request)
     try:
         task.before_start(job.id, job.args, job.kwargs)
-        value = task.run(*job.args, **job.kwargs)
+        with timelimits.soft_limit(job.soft_time_limit):
+            value = task.run(*job.args, **job.kwargs)
     except exceptions.Retry as exc:
         cause = exc.exc if exc.exc is not None else exc
         einfo = _format(cause)
         _hook(task.on_retry, cause, job.id, job.args, job.kwargs, einfo)
+        task_signals.retry(task, request, exc, cause)
         _hook(task.after_return, "RETRY", cause, job.id, job.args, job.kwargs, einfo)
+        task_signals.postrun(task, job, "RETRY", exc)
         return Outcome(
             job.id,
             job.attempt,
@@ -109,9 +144,11 @@ def execute(app: Celery, job: Job) -> Outcome:
             traceback=einfo,
             retry_when=exc.when,
         )
-    except exceptions.Ignore:
+    except exceptions.Ignore as exc:
+        task_signals.postrun(task, job, "IGNORED", exc)
         return Outcome(job.id, job.attempt, IGNORED, started, time.perf_counter() - t0)
     except exceptions.Reject as exc:
+        task_signals.postrun(task, job, "REJECTED", exc)
         einfo = _format(exc)
         if exc.requeue:
             return Outcome(
@@ -127,22 +164,35 @@ def execute(app: Celery, job: Job) -> Outcome:
     except Exception as exc:
         einfo = _format(exc)
         _hook(task.on_failure, exc, job.id, job.args, job.kwargs, einfo)
+        task_signals.failure(task, job, exc)
         _hook(task.after_return, "FAILURE", exc, job.id, job.args, job.kwargs, einfo)
-        return _failure(job, exc, started, t0, einfo, exhausted=request.retries_exhausted)
+        task_signals.postrun(task, job, "FAILURE", exc)
+        failed = _failure(job, exc, started, t0, einfo, exhausted=request.retries_exhausted)
+        return after_failure(app, job, request, exc, einfo, failed)
     finally:
+        for _, after in hooks:
+            _hook(after, task, request)
+        pop_task()
         task.pop_request()
     runtime = time.perf_counter() - t0
     encoded: Encoded | None = None
-    if job.store_result:
+    # Canvas follow-ups read the value from the results table (a chord's body), so a task with
+    # follow-ups keeps it even when its result is otherwise ignored.
+    if job.store_result or has_followups(job.headers):
         try:
             encoded = encode(value, job.result_serializer)
         except EncodeError as exc:
             einfo = _format(exc)
             error = EncodeError(f"return value of {job.name} cannot be serialized: {exc}")
+            task_signals.failure(task, job, error, request)
+            task_signals.postrun(task, job, "FAILURE", error, request)
             return _failure(job, error, started, t0, einfo, exhausted=False)
     _hook(task.on_success, value, job.id, job.args, job.kwargs)
+    task_signals.success(task, value, request)
     _hook(task.after_return, "SUCCESS", value, job.id, job.args, job.kwargs, None)
-    return Outcome(job.id, job.attempt, SUCCESS, started, runtime, result=encoded)
+    task_signals.postrun(task, job, "SUCCESS", value, request)
+    extra = after_success(app, job, value)
+    return Outcome(job.id, job.attempt, SUCCESS, started, runtime, result=encoded, extra=extra)
 
 
 def _failure(

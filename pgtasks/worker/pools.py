@@ -1,7 +1,8 @@
 """Execution pools. They only run tasks; the worker's main process owns every database call.
 
 - ``prefork`` (default, Celery's): child processes forked from the worker, one task at a time
-  each. A child that dies is replaced and its task reported as lost.
+  each. A child that dies is replaced and its task reported as lost; one running past its task's
+  hard time limit is killed and replaced, and the task fails with ``TimeLimitExceeded``.
 - ``threads``: a thread pool in the worker process (I/O-bound tasks, no per-task IPC).
 - ``solo``: one task at a time in the worker process.
 """
@@ -21,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from pgtasks import signals
+from pgtasks.worker import timelimits
 from pgtasks.worker.execute import LOST, Job, Outcome, execute
 
 if TYPE_CHECKING:
@@ -103,6 +106,11 @@ class SoloPool(ThreadPool):
     def __init__(self, app: Celery, concurrency: int) -> None:
         super().__init__(app, 1)
 
+    def start(self) -> None:
+        super().start()
+        # Tasks run in the worker's own process, which Celery announces the same way.
+        signals.worker_process_init.send(sender=None)
+
 
 class _Child:
     def __init__(self, process: BaseProcess, conn: mpc.Connection) -> None:
@@ -110,12 +118,19 @@ class _Child:
         self.conn = conn
         self.job: Job | None = None
         self.done: Done | None = None
+        # The running job's hard time limit: when it passes, the parent kills this child.
+        self.deadline: float | None = None
+        self.submitted = 0.0
+        self.timed_out = False
+        self.tasks = 0
 
 
 def _child_main(app: Celery, conn: mpc.Connection) -> None:
     """A prefork child: run jobs from the pipe until told to stop or the parent goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Receivers connected at import in the parent were inherited by fork (Celery's contract).
+    signals.worker_process_init.send(sender=None)
     try:
         while True:
             try:
@@ -130,14 +145,18 @@ def _child_main(app: Celery, conn: mpc.Connection) -> None:
             except (BrokenPipeError, OSError):
                 break
     finally:
+        signals.worker_process_shutdown.send(sender=None, pid=os.getpid(), exitcode=0)
         os._exit(0)
 
 
 class PreforkPool(Pool):
     name = "prefork"
 
-    def __init__(self, app: Celery, concurrency: int) -> None:
+    def __init__(
+        self, app: Celery, concurrency: int, max_tasks_per_child: int | None = None
+    ) -> None:
         super().__init__(app, concurrency)
+        self.max_tasks_per_child = max_tasks_per_child or None
         self._ctx = get_context("fork")
         self._children: list[_Child] = []
         self._stopping = False
@@ -163,6 +182,8 @@ class PreforkPool(Pool):
             if child is None:
                 raise RuntimeError("prefork pool has no idle child; the worker over-claimed")
             child.job, child.done = job, done
+            child.submitted = time.time()
+            child.deadline = time.monotonic() + job.time_limit if job.time_limit else None
             self._busy += 1
         # On a broken pipe the reader sees the dead child and reports the job lost.
         with contextlib.suppress(BrokenPipeError, OSError):
@@ -171,7 +192,7 @@ class PreforkPool(Pool):
     def _finish(self, child: _Child, outcome: Outcome) -> None:
         done = child.done
         with self._lock:
-            child.job, child.done = None, None
+            child.job, child.done, child.deadline = None, None, None
             self._busy -= 1
         if done is not None:
             done(outcome)
@@ -184,16 +205,65 @@ class PreforkPool(Pool):
             for c in children:
                 waitables[c.conn] = ("conn", c)
                 waitables[c.process.sentinel] = ("dead", c)
-            for ready in mpc.wait(list(waitables), timeout=0.2):
+            now = time.monotonic()
+            deadlines = [c.deadline for c in children if c.deadline is not None]
+            timeout = min([0.2, *(max(0.0, d - now) for d in deadlines)])
+            for ready in mpc.wait(list(waitables), timeout=timeout):
                 kind, child = waitables[ready]
                 if kind == "conn":
                     try:
                         outcome = child.conn.recv()
                     except (EOFError, OSError):
                         continue  # the sentinel reports the death
+                    retired = self._recycle(child)
                     self._finish(child, outcome)
+                    if retired:
+                        self._retire(child)
                 else:
                     self._replace(child)
+            self._enforce_hard_limits(children)
+
+    def _enforce_hard_limits(self, children: list[_Child]) -> None:
+        """Kill children running past their job's hard limit; ``_replace`` reports the job."""
+        now = time.monotonic()
+        for child in children:
+            job = child.job
+            if job is None or child.deadline is None or now < child.deadline or child.timed_out:
+                continue
+            child.timed_out = True
+            log.error(
+                "task.time_limit_exceeded",
+                task_id=job.id,
+                task_name=job.name,
+                limit=job.time_limit,
+                action="child process killed and replaced",
+            )
+            with contextlib.suppress(OSError):
+                child.process.kill()
+
+    def _recycle(self, child: _Child) -> bool:
+        """Count a finished task; past ``max_tasks_per_child`` swap in a fresh child (before the
+        slot is freed, so the worker never hands the retiring child another job)."""
+        if not self.max_tasks_per_child:
+            return False
+        with self._lock:
+            child.tasks += 1
+            if child.tasks < self.max_tasks_per_child or child not in self._children:
+                return False
+            self._children.remove(child)
+            if not self._stopping:
+                self._children.append(self._spawn())
+        return True
+
+    def _retire(self, child: _Child) -> None:
+        with contextlib.suppress(BrokenPipeError, OSError):
+            child.conn.send(None)
+        child.process.join(timeout=5)
+        if child.process.is_alive():
+            child.process.kill()
+            child.process.join(timeout=1)
+        child.conn.close()
+        log.debug("pool.child_recycled", tasks=child.tasks)
 
     def _replace(self, child: _Child) -> None:
         child.process.join(timeout=0.1)
@@ -205,7 +275,12 @@ class PreforkPool(Pool):
             pass
         job = child.job
         code = child.process.exitcode
-        if job is not None:
+        if job is not None and child.timed_out and job.time_limit:
+            # Killed by the parent at the hard limit: the task failed; the worker is fine.
+            self._finish(
+                child, timelimits.hard_limit_outcome(self.app, job, job.time_limit, child.submitted)
+            )
+        elif job is not None:
             log.error("pool.child_lost", task_id=job.id, task_name=job.name, exitcode=code)
             self._finish(
                 child,
@@ -251,7 +326,12 @@ class PreforkPool(Pool):
 POOLS: dict[str, type[Pool]] = {"prefork": PreforkPool, "threads": ThreadPool, "solo": SoloPool}
 
 
-def create(name: str, app: Celery, concurrency: int) -> Pool:
+def create(
+    name: str, app: Celery, concurrency: int, max_tasks_per_child: int | None = None
+) -> Pool:
+    """The pool called ``name``; ``max_tasks_per_child`` applies to prefork only."""
+    if name == PreforkPool.name:
+        return PreforkPool(app, concurrency, max_tasks_per_child)
     try:
         return POOLS[name](app, concurrency)
     except KeyError:

@@ -19,12 +19,15 @@ import psycopg
 import structlog
 
 from pgtasks import migrate as migrations
+from pgtasks import signals
 from pgtasks.broker import Failure, Release, RetryAt, Success
+from pgtasks.canvas import chord_body_builder, chord_member, register_builtins
 from pgtasks.maintenance import Maintenance, Pruner, Reclaimer
 from pgtasks.message import ClaimedTask
 from pgtasks.serialization import decode
 from pgtasks.states import Status
 from pgtasks.worker import execute as ex
+from pgtasks.worker import task_signals, timelimits
 from pgtasks.worker.completer import Completer, Final
 from pgtasks.worker.lease import LeaseKeeper
 from pgtasks.worker.listener import Listener
@@ -66,9 +69,15 @@ class Worker:
         burst: bool = False,
         shutdown_grace: float | None = None,
         prefetch_multiplier: int | None = None,
+        time_limit: float | None = None,
+        soft_time_limit: float | None = None,
+        max_tasks_per_child: int | None = None,
     ) -> None:
         s = app.settings
         self.app = app
+        # Read once: the settings cannot change under a running worker, and the per-row
+        # paths below use them.
+        self.settings = s
         self.queues = queues or [s.default_queue]
         self.concurrency = concurrency or s.concurrency or os.cpu_count() or 1
         self.pool_name = pool
@@ -80,6 +89,10 @@ class Worker:
         self.migrate = migrate
         self.burst = burst
         self.shutdown_grace = s.shutdown_grace if shutdown_grace is None else shutdown_grace
+        # The worker's defaults; a task's own option or a call's apply_async() limits win.
+        self.time_limit = time_limit or s.task_time_limit
+        self.soft_time_limit = soft_time_limit or s.task_soft_time_limit
+        self.max_tasks_per_child = max_tasks_per_child or s.max_tasks_per_child
         multiplier = prefetch_multiplier or s.prefetch_multiplier
         # Rows claimed beyond the free slots wait here, leases renewed, until a slot frees up.
         # A fixed multiplier sets the buffer; by default it is sized to hold about
@@ -104,15 +117,22 @@ class Worker:
     def run(self) -> None:
         """Run until stopped by a signal, ``stop()``, or (``burst``) an empty queue."""
         app, s = self.app, self.app.settings
+        signals.celeryd_init.send(sender=self.hostname, instance=self, conf=app.conf, options={})
         app.import_includes()
+        register_builtins(app)  # map, starmap and chunks run as Celery's built-in tasks
         self._prepare_schema()
+        signals.celeryd_after_setup.send(sender=self.hostname, instance=self, conf=app.conf)
         broker = app.broker
         broker.min_size = max(broker.min_size, 4)
         broker.register_worker(self.id, self.hostname, os.getpid(), self.queues, self.concurrency)
+        broker.announce_tasks(self.id, app.registered())
 
-        self.pool = create_pool(self.pool_name, app, self.concurrency)
+        signals.worker_init.send(sender=self)
+        self.pool = create_pool(self.pool_name, app, self.concurrency, self.max_tasks_per_child)
+        self._warn_unenforced_limits()
         self.pool.start()  # before any thread starts: prefork children are forked here
         self.completer = Completer(broker, self.id, self._written)
+        self.completer.chord_ready = chord_body_builder(app)
         self.leases = LeaseKeeper(
             broker, self.id, self.lease, self._owned, self._lost, self._cancel
         )
@@ -136,6 +156,7 @@ class Worker:
             lease=self.lease,
             tasks=app.registered(),
         )
+        signals.worker_ready.send(sender=self)
         self.ready.set()
         try:
             self._loop()
@@ -148,6 +169,21 @@ class Worker:
             self._cold.set()
         self._stopping.set()
         self._wake.set()
+
+    def _warn_unenforced_limits(self) -> None:
+        """Hard time limits need a process to kill: say so when the pool runs threads."""
+        if self.pool.name == "prefork":
+            return
+        limited = [n for n, t in self.app.tasks.items() if getattr(t, "time_limit", None)]
+        if self.time_limit or limited:
+            self.log.warning(
+                "worker.time_limit_unenforced",
+                pool=self.pool.name,
+                time_limit=self.time_limit,
+                tasks=limited,
+                hint="hard time limits are enforced by the prefork pool only (a thread cannot "
+                "be killed); soft time limits still raise SoftTimeLimitExceeded",
+            )
 
     def _prepare_schema(self) -> None:
         s = self.app.settings
@@ -167,6 +203,10 @@ class Worker:
             want = self.pool.free_slots() + self.prefetch_extra - len(self._buffer)
             if self._buffer and len(self._buffer) > self.prefetch_extra // 2:
                 # Refill the prefetch buffer in batches (one claim for many rows), not row by row.
+                want = 0
+            if self.completer.pending > self.concurrency + self.prefetch_extra + 100:
+                # Outcomes are waiting to be written: claim nothing more until they are, so
+                # finished rows never pile up RUNNING behind a slow database.
                 want = 0
             if want <= 0:
                 self._wake.wait(self.poll_interval)
@@ -240,20 +280,22 @@ class Worker:
         if row.expired:
             tlog.info("task.expired", expires_at=str(row.expires_at))
             self._settle(self._failure(row, Status.CANCELLED, "expired before it could run"))
+            task_signals.revoked(self.app, row, self.id, expired=True)
             return None
         task = self.app.tasks.get(row.name)
         if task is None:
             tlog.error(
                 "task.unknown",
-                retry_in=self.app.settings.unknown_task_delay,
+                retry_in=self.settings.unknown_task_delay,
                 hint="no task of this name is registered on this worker; the row is kept "
                 "for a worker that knows it",
             )
+            task_signals.unknown(self, row)
             self._settle(
                 Release(
                     row.id,
                     row.attempt,
-                    self.app.settings.unknown_task_delay,
+                    self.settings.unknown_task_delay,
                     f"unregistered task {row.name!r} (worker {self.id})",
                 )
             )
@@ -263,12 +305,14 @@ class Worker:
         except Exception as exc:
             tlog.error("task.dead_lettered", reason="undecodable payload", error=str(exc))
             self._settle(self._failure(row, Status.DEAD, f"cannot decode payload: {exc}"))
+            task_signals.rejected(self, row, exc)
             return None
         store = not (
             row.headers.get("ignore_result")
             or task.ignore_result
-            or (task.ignore_result is None and self.app.settings.ignore_result)
+            or (task.ignore_result is None and self.settings.ignore_result)
         )
+        hard, soft = timelimits.resolve(row.headers, task, self.time_limit, self.soft_time_limit)
         job = ex.Job(
             id=row.id,
             name=row.name,
@@ -284,13 +328,15 @@ class Worker:
             hostname=self.id,
             store_result=store,
             result_serializer=row.headers.get("result_serializer")
-            or self.app.settings.result_serializer,
+            or self.settings.result_serializer,
+            time_limit=hard,
+            soft_time_limit=soft,
         )
         return job
 
     def _decode(self, row: ClaimedTask) -> tuple[tuple[Any, ...], dict[str, Any]]:
         body = decode(
-            row.body, row.content_type, row.content_encoding, self.app.settings.accept_content
+            row.body, row.content_type, row.content_encoding, self.settings.accept_content
         )
         if not (
             isinstance(body, (list, tuple))
@@ -329,7 +375,13 @@ class Worker:
         if o.kind == ex.SUCCESS or o.kind == ex.IGNORED:
             tlog.info("task.succeeded", duration=round(o.runtime, 6))
             final = Success(
-                row.id, row.attempt, o.result is not None, content_type, result, started
+                row.id,
+                row.attempt,
+                o.result is not None,
+                content_type,
+                result,
+                started,
+                followups=o.extra.get("followups"),
             )
         elif o.kind == ex.FAILURE:
             status = Status.DEAD if o.retries_exhausted else Status.FAILED
@@ -348,6 +400,7 @@ class Worker:
                 content_type,
                 result,
                 started,
+                followups=o.extra.get("followups"),
             )
         elif o.kind == ex.RETRY:
             when = o.retry_when
@@ -385,7 +438,7 @@ class Worker:
             )
         else:  # LOST: the process running it died
             lost = row.attempt - row.retries
-            if lost >= self.app.settings.max_lost_attempts:
+            if lost >= self.settings.max_lost_attempts:
                 tlog.error("task.dead_lettered", reason="worker lost", error=o.error)
                 final = Failure(
                     row.id,
@@ -397,6 +450,7 @@ class Worker:
                     content_type,
                     None,
                     started,
+                    followups=chord_member(row.headers),
                 )
             else:
                 delay = min(2.0**lost, 60.0)
@@ -426,7 +480,16 @@ class Worker:
 
     def _failure(self, row: ClaimedTask, status: str, error: str) -> Failure:
         return Failure(
-            row.id, row.attempt, status, error, None, False, "application/json", None, None
+            row.id,
+            row.attempt,
+            status,
+            error,
+            None,
+            False,
+            "application/json",
+            None,
+            None,
+            followups=chord_member(row.headers),
         )
 
     def _written(self, item: Final, status: str | None) -> None:
@@ -443,6 +506,7 @@ class Worker:
             )
         elif entry is not None and status == Status.CANCELLED and not isinstance(item, Release):
             self.log.info("task.cancelled", task_id=item.id, task_name=entry.task.name)
+            task_signals.revoked(self.app, entry.task, self.id, expired=False)
 
     # -- leases --------------------------------------------------------------------------------
 
@@ -488,6 +552,9 @@ class Worker:
         def handler(signum: int, frame: Any) -> None:
             if self._stopping.is_set():
                 self.log.warning("worker.stopping", mode="cold", signal=signal.Signals(signum).name)
+                signals.worker_shutting_down.send(
+                    sender=self.hostname, sig=signal.Signals(signum).name, how="Cold", exitcode=0
+                )
                 self.stop(cold=True)
             else:
                 self.log.info(
@@ -496,6 +563,9 @@ class Worker:
                     signal=signal.Signals(signum).name,
                     grace=self.shutdown_grace,
                     running=self.pool.busy(),
+                )
+                signals.worker_shutting_down.send(
+                    sender=self.hostname, sig=signal.Signals(signum).name, how="Warm", exitcode=0
                 )
                 self.stop()
 
@@ -525,4 +595,5 @@ class Worker:
         with contextlib.suppress(psycopg.Error):
             self.app.broker.unregister_worker(self.id)
         self.log.info("worker.stopped", processed=self.processed)
+        signals.worker_shutdown.send(sender=self)
         self.app.close()

@@ -1,0 +1,1 @@
+"""A Django app with a ``tasks`` module, found by ``app.autodiscover_tasks()``."""

@@ -1,0 +1,181 @@
+"""Time limits, with Celery's meaning.
+
+- The *soft* limit raises ``SoftTimeLimitExceeded`` inside the task, which may catch it to clean
+  up (or return). In a prefork child, where the task runs in the main thread, a ``SIGALRM`` timer
+  raises it; in the threads and solo pools a timer thread raises it asynchronously in the task's
+  thread (``PyThreadState_SetAsyncExc``), which takes effect at the next Python bytecode, so a
+  task blocked inside one C call (a long ``time.sleep``, a socket read) sees it when that call
+  returns.
+- The *hard* limit is only enforced by the prefork pool: the parent kills the child, starts a new
+  one, and the task fails with ``TimeLimitExceeded`` (a FAILURE, never retried, as in Celery).
+  A thread cannot be killed, so the threads and solo pools ignore it and the worker warns at start.
+
+Which limit applies, first found wins (Celery's order): the call's ``apply_async(time_limit=...,
+soft_time_limit=...)`` (the ``timelimit`` header), the task's ``time_limit``/``soft_time_limit``
+option, then the worker's ``--time-limit``/``--soft-time-limit`` or the ``task_time_limit``/
+``task_soft_time_limit`` settings.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from pgtasks.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
+
+if TYPE_CHECKING:
+    from pgtasks.app import Celery
+    from pgtasks.worker.execute import Job, Outcome
+
+#: The message header carrying a call's limits, as Celery's protocol v2 names it: [hard, soft].
+HEADER = "timelimit"
+
+
+def _positive(value: Any) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return None
+    return seconds if seconds > 0 else None
+
+
+def resolve(
+    headers: Mapping[str, Any],
+    task: Any,
+    default_hard: float | None,
+    default_soft: float | None,
+) -> tuple[float | None, float | None]:
+    """The (hard, soft) limits in seconds for one call; None means no limit."""
+    pair = headers.get(HEADER) or (None, None)
+    if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+        pair = (None, None)
+    hard = _positive(pair[0]) or _positive(getattr(task, "time_limit", None))
+    soft = _positive(pair[1]) or _positive(getattr(task, "soft_time_limit", None))
+    return hard or _positive(default_hard), soft or _positive(default_soft)
+
+
+def header(time_limit: float | None, soft_time_limit: float | None) -> list[float | None] | None:
+    """The ``timelimit`` header value for a call's own limits (None when it sets neither)."""
+    if time_limit is None and soft_time_limit is None:
+        return None
+    return [
+        None if time_limit is None else float(time_limit),
+        None if soft_time_limit is None else float(soft_time_limit),
+    ]
+
+
+@contextmanager
+def soft_limit(seconds: float | None) -> Iterator[None]:
+    """Raise ``SoftTimeLimitExceeded`` in this thread once ``seconds`` have passed."""
+    if not seconds:
+        yield
+        return
+    if threading.current_thread() is threading.main_thread():
+        with _alarm(seconds):
+            yield
+    else:
+        with _async_raise(seconds):
+            yield
+
+
+@contextmanager
+def _alarm(seconds: float) -> Iterator[None]:
+    armed = True
+
+    def fire(signum: int, frame: FrameType | None) -> None:
+        # A late signal (the task has just returned) must not fail the task after the fact.
+        if armed:
+            raise SoftTimeLimitExceeded()
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        armed = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+_set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+_set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
+_set_async_exc.restype = ctypes.c_int
+
+
+@contextmanager
+def _async_raise(seconds: float) -> Iterator[None]:
+    target = threading.get_ident()
+    lock = threading.Lock()
+    state = {"running": True, "fired": False}
+
+    def fire() -> None:
+        with lock:
+            if state["running"]:
+                state["fired"] = True
+                _set_async_exc(target, ctypes.py_object(SoftTimeLimitExceeded))
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.name = "pgtasks-soft-limit"
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        with lock:
+            state["running"] = False
+            if state["fired"]:
+                # Clear an exception set but not yet raised, so it cannot surface later in the
+                # pool thread's own code (after the task, in another task).
+                _set_async_exc(target, ctypes.py_object())
+
+
+def hard_limit_outcome(app: Celery, job: Job, limit: float, started: float) -> Outcome:
+    """The outcome of a call whose process was killed at its hard limit: a FAILURE with
+    ``TimeLimitExceeded``, stored like any other task error, with the call's errbacks and chain
+    or chord follow-ups planned here in the worker (as Celery's main process does)."""
+    from pgtasks.canvas import after_failure
+    from pgtasks.request import Request
+    from pgtasks.result import exception_to_dict
+    from pgtasks.serialization import encode
+    from pgtasks.worker.execute import FAILURE, Outcome
+
+    exc = TimeLimitExceeded(limit)
+    message = f"TimeLimitExceeded: hard time limit ({limit:g}s) exceeded"
+    einfo = f"{message}; the process running it was killed and replaced\n"
+    result = encode(exception_to_dict(exc), job.result_serializer) if job.store_result else None
+    outcome = Outcome(
+        job.id,
+        job.attempt,
+        FAILURE,
+        started,
+        time.time() - started,
+        result=result,
+        error=message,
+        traceback=einfo,
+    )
+    request = Request(
+        id=job.id,
+        args=job.args,
+        kwargs=job.kwargs,
+        retries=job.retries,
+        hostname=job.hostname,
+        is_eager=False,
+        called_directly=False,
+        headers=job.headers,
+    )
+    try:
+        return after_failure(app, job, request, exc, einfo, outcome)
+    except Exception:  # follow-ups must never stop the pool from replacing its child
+        structlog.get_logger("pgtasks").exception("task.followups_failed", task_id=job.id)
+        return outcome
