@@ -26,14 +26,37 @@ _current: Celery | None = None
 _shared: list[tuple[Callable[..., Any], dict[str, Any]]] = []
 
 
-def current_app() -> Celery:
-    """The app created most recently (Celery's ``current_app``)."""
+def get_current_app() -> Celery:
+    """The app created most recently."""
     if _current is None:
         raise ImproperlyConfigured(
             "no pgtasks app exists yet: create one with `app = Celery('proj')` before using "
             "shared tasks"
         )
     return _current
+
+
+class _CurrentApp:
+    """Celery's ``current_app``: stands for the app created most recently.
+
+    Attribute access goes to that app (``current_app.conf``, ``current_app.send_task``), as
+    with Celery's proxy; calling it returns the app itself.
+    """
+
+    def __call__(self) -> Celery:
+        return get_current_app()
+
+    def _get_current_object(self) -> Celery:
+        return get_current_app()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(get_current_app(), name)
+
+    def __repr__(self) -> str:
+        return repr(_current) if _current is not None else "<current_app: no app yet>"
+
+
+current_app = _CurrentApp()
 
 
 def normalise_dsn(url: str) -> str:
@@ -91,6 +114,20 @@ class Control:
     def purge(self) -> int:
         """Delete every waiting task; returns how many."""
         return self.app.broker.purge(None)
+
+    def ping(
+        self, destination: Iterable[str] | None = None, timeout: float = 1.0, **kwargs: Any
+    ) -> list[dict[str, dict[str, str]]]:
+        """Celery's ``[{worker: {'ok': 'pong'}}]`` for every live worker.
+
+        A worker is live while its heartbeat (sent with each lease renewal) is newer than one
+        lease; the answer comes from the database, so ``timeout`` only bounds nothing here.
+        """
+        wanted = set(destination) if destination else None
+        rows = self.app.broker.live_workers(self.app.settings.lease_seconds)
+        return [
+            {row["id"]: {"ok": "pong"}} for row in rows if wanted is None or row["id"] in wanted
+        ]
 
 
 class Celery:

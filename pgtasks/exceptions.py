@@ -107,6 +107,10 @@ class SoftTimeLimitExceeded(PgTasksError):
 class TimeLimitExceeded(PgTasksError):
     """The task passed its hard time limit and its process was replaced."""
 
+    def __str__(self) -> str:
+        # Celery's (billiard's) text for this error, e.g. "TimeLimitExceeded(0.5,)".
+        return f"TimeLimitExceeded{self.args!r}"
+
 
 class Retry(TaskPredicate):
     """Raised by ``Task.retry`` to ask the worker for a durable retry."""

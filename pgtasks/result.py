@@ -65,7 +65,11 @@ class AsyncResult:
     #: The result of the call before this one in a chain (set where it is known: canvas).
     parent: AsyncResult | GroupResult | None = None
 
-    def __init__(self, id: str, app: Celery, task_name: str | None = None) -> None:
+    def __init__(self, id: str, app: Celery | None = None, task_name: str | None = None) -> None:
+        if app is None:
+            from pgtasks.app import get_current_app
+
+            app = get_current_app()
         self.id = id
         self.task_id = id
         self.app = app
@@ -169,9 +173,7 @@ class AsyncResult:
             if meta["state"] in states.READY_STATES:
                 break
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"task {self.id} not ready after {timeout}s (state {meta['state']})"
-                )
+                raise TimeoutError("The operation timed out.")
             pause = wait if deadline is None else min(wait, max(0.0, deadline - time.monotonic()))
             # Woken by the results NOTIFY; the growing pause is only the fallback poll.
             listening = _result_waiter.wait(self.app, pause)

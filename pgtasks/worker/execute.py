@@ -130,9 +130,10 @@ def execute(app: Celery, job: Job) -> Outcome:
     except exceptions.Retry as exc:
         cause = exc.exc if exc.exc is not None else exc
         einfo = _format(cause)
-        _hook(task.on_retry, cause, job.id, job.args, job.kwargs, einfo)
+        # Celery hands on_retry the exception given to retry(), None when there was none.
+        _hook(task.on_retry, exc.exc, job.id, job.args, job.kwargs, einfo)
         task_signals.retry(task, request, exc, cause)
-        _hook(task.after_return, "RETRY", cause, job.id, job.args, job.kwargs, einfo)
+        # Celery skips after_return for RETRY (and IGNORED, REJECTED) outcomes.
         task_signals.postrun(task, job, "RETRY", exc)
         return Outcome(
             job.id,

@@ -279,7 +279,7 @@ class Worker:
             return None
         if row.expired:
             tlog.info("task.expired", expires_at=str(row.expires_at))
-            self._settle(self._failure(row, Status.CANCELLED, "expired before it could run"))
+            self._settle(self._failure(row, Status.CANCELLED, "expired"))
             task_signals.revoked(self.app, row, self.id, expired=True)
             return None
         task = self.app.tasks.get(row.name)

@@ -404,7 +404,7 @@ def test_failures_raise_the_task_exception(app: Celery, worker_factory: Any) -> 
 def test_get_times_out_on_a_task_nobody_runs(app: Celery) -> None:
     result = app.send_task("bad.never_run")
     started = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"not ready after 0\.2s"):
+    with pytest.raises(TimeoutError, match=r"The operation timed out"):
         result.get(timeout=0.2)
     assert time.monotonic() - started < 2.0
     assert result.state == "PENDING"

@@ -15,3 +15,10 @@ def test_delay_runs_and_returns_result(app: Celery, worker_factory) -> None:
         assert result.get(timeout=10) == 5
     assert result.state == "SUCCESS"
     assert result.successful()
+
+
+def test_control_ping_answers_for_live_workers(app: Celery, worker_factory) -> None:
+    with worker_factory() as worker:
+        replies = app.control.ping()
+        assert {worker.id: {"ok": "pong"}} in replies
+        assert app.control.ping(destination=["nobody"]) == []

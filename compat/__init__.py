@@ -1,0 +1,1 @@
+"""Celery compatibility suite: the same scenarios under real Celery and under pgtasks."""

@@ -1,0 +1,5 @@
+"""An exception class of the project's own."""
+
+
+class PaymentDeclined(Exception):
+    pass
