@@ -383,25 +383,28 @@ def maybe_signature(d: Any, app: Celery | None = None) -> Signature:
     return Signature.from_dict(d, app=app)
 
 
-class chain(Signature):
-    """Tasks run one after another, each given the previous one's return value first."""
+class _TaskList(Signature):
+    """A signature made of other signatures (``chain`` and ``group``)."""
+
+    _name = ""
+    _kind = ""
 
     def __init__(self, *tasks: Any, app: Celery | None = None, **options: Any) -> None:
         if len(tasks) == 1 and not isinstance(tasks[0], Mapping):
             tasks = tuple(tasks[0])
         Signature.__init__(
             self,
-            "celery.chain",
+            self._name,
             (),
             {"tasks": [maybe_signature(t, app) for t in tasks]},
             options,
-            subtask_type="chain",
+            subtask_type=self._kind,
             app=app,
         )
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], app: Celery | None = None) -> chain:
-        """A chain from its dict form."""
+    def from_dict(cls, d: Mapping[str, Any], app: Celery | None = None) -> Signature:
+        """Rebuild it from its dict form."""
         new = cls(*d["kwargs"]["tasks"], app=app, **d.get("options", {}))
         new["args"] = list(d.get("args") or [])
         new["immutable"] = bool(d.get("immutable"))
@@ -409,14 +412,21 @@ class chain(Signature):
 
     @property
     def tasks(self) -> list[Signature]:
-        """The steps, as signatures."""
-        steps = [maybe_signature(t, self._app) for t in self.kwargs["tasks"]]
-        self.kwargs["tasks"] = steps
-        return steps
+        """The parts, as signatures."""
+        parts = [maybe_signature(t, self._app) for t in self.kwargs["tasks"]]
+        self.kwargs["tasks"] = parts
+        return parts
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Applying a chain enqueues it (as in Celery)."""
+        """Applying it enqueues it (as in Celery)."""
         return self.apply_async(args, kwargs)
+
+
+class chain(_TaskList):
+    """Tasks run one after another, each given the previous one's return value first."""
+
+    _name = "celery.chain"
+    _kind = "chain"
 
     def apply(
         self,
@@ -490,40 +500,11 @@ def _flatten_group(tasks: Iterable[Any], app: Celery | None) -> list[Signature]:
     return members
 
 
-class group(Signature):
+class group(_TaskList):
     """Tasks run in parallel; applying enqueues them all in one statement."""
 
-    def __init__(self, *tasks: Any, app: Celery | None = None, **options: Any) -> None:
-        if len(tasks) == 1 and not isinstance(tasks[0], Mapping):
-            tasks = tuple(tasks[0])
-        Signature.__init__(
-            self,
-            "celery.group",
-            (),
-            {"tasks": [maybe_signature(t, app) for t in tasks]},
-            options,
-            subtask_type="group",
-            app=app,
-        )
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], app: Celery | None = None) -> group:
-        """A group from its dict form."""
-        new = cls(*d["kwargs"]["tasks"], app=app, **d.get("options", {}))
-        new["args"] = list(d.get("args") or [])
-        new["immutable"] = bool(d.get("immutable"))
-        return new
-
-    @property
-    def tasks(self) -> list[Signature]:
-        """The members, as signatures."""
-        members = [maybe_signature(t, self._app) for t in self.kwargs["tasks"]]
-        self.kwargs["tasks"] = members
-        return members
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Applying a group enqueues it (as in Celery)."""
-        return self.apply_async(args, kwargs)
+    _name = "celery.group"
+    _kind = "group"
 
     def __len__(self) -> int:
         return len(self.kwargs["tasks"])
