@@ -486,6 +486,19 @@ class Broker:
                 conn,
             )
 
+    def store_state(self, item: StoredResult) -> None:
+        """Record a state a running task reports (``Task.update_state``)."""
+        self._all(
+            "store_results",
+            {
+                "ids": [item.task_id],
+                "states": [item.state],
+                "content_types": [item.content_type],
+                "results": [item.result],
+                "tracebacks": [_text(item.traceback)],
+            },
+        )
+
     def finalise(
         self,
         worker: str,

@@ -101,6 +101,10 @@ class AsyncResult:
         }
         if row is not None:
             state = row["state"] or states.celery_state(row["status"], row["retries"] or 0)
+            if row["state"] not in states.READY_STATES and row["status"] in states.Status.TERMINAL:
+                # A state the task reported while running (update_state) gives way to the
+                # outcome once the row is finished, even when no result was kept.
+                state = states.celery_state(row["status"], row["retries"] or 0)
             meta["state"] = state
             meta["traceback"] = row["traceback"] or row["task_traceback"]
             meta["date_done"] = row["date_done"]

@@ -440,6 +440,25 @@ class Task(Generic[P, R]):
         sent.postrun(self, request, "SUCCESS", value, request)
         return EagerResult(tid, value, "SUCCESS", self.name)
 
+    def update_state(
+        self,
+        task_id: str | None = None,
+        state: str | None = None,
+        meta: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        """Report a state (e.g. a custom ``PROGRESS`` with ``meta``) that ``AsyncResult.state``
+        and ``.info`` show until the task finishes (Celery's ``update_state``)."""
+        from pgtasks.broker import StoredResult
+
+        task_id = task_id or self.request.id
+        if task_id is None:
+            raise ValueError("update_state needs a task_id outside a running task")
+        state = state or "PENDING"
+        serializer = self.app.settings.result_serializer
+        body = encode(meta, serializer)
+        self.app.broker.store_state(StoredResult(task_id, state, body.content_type, body.data))
+
     # -- retrying ------------------------------------------------------------------------------
 
     def retry(
