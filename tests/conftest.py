@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -72,34 +71,9 @@ def db(pg_dsn: str, schema: str) -> Iterator[psycopg.Connection[Any]]:
         yield conn
 
 
-@contextlib.contextmanager
-def running_worker(app: Celery, **options: Any) -> Iterator[Worker]:
-    """A worker running in a thread of this process until the block ends (warm stop)."""
-    options.setdefault("pool", "threads")
-    options.setdefault("concurrency", 2)
-    worker = Worker(app, **options)
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            worker.run()
-        except BaseException as exc:  # surfaced in the test below
-            errors.append(exc)
-            worker.ready.set()
-
-    thread = threading.Thread(target=target, name="test-worker", daemon=True)
-    thread.start()
-    assert worker.ready.wait(30), "worker did not start"
-    if errors:
-        raise errors[0]
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        thread.join(30)
-        assert not thread.is_alive(), "worker did not stop"
-        if errors:
-            raise errors[0]
+# A worker in a thread of this process until the block ends (warm stop); shared with the
+# pytest plugin so both start and stop test workers the same way.
+running_worker = testing.start_worker
 
 
 @pytest.fixture
