@@ -49,6 +49,8 @@ class Success:
     result: bytes | None
     started: datetime | None
     followups: Followups | None = None
+    #: The state stored with the result: SUCCESS, or IGNORED for a task that raised Ignore.
+    state: str = "SUCCESS"
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,9 @@ class RetryAt:
     traceback: str | None
     outcome: str | None  # attempt-history outcome; None writes no history row
     started: datetime | None
+    #: The serialized exception, stored as the RETRY state's info (None stores nothing).
+    result: bytes | None = None
+    content_type: str = "application/json"
 
 
 @dataclass(frozen=True)
@@ -290,6 +295,7 @@ class Broker:
                 "content_types": [i.content_type for i in items],
                 "results": [i.result for i in items],
                 "started": [i.started for i in items],
+                "states": [i.state for i in items],
             },
             conn,
         )
@@ -332,6 +338,8 @@ class Broker:
                 "tracebacks": [_text(i.traceback) for i in items],
                 "outcomes": [i.outcome for i in items],
                 "started": [i.started for i in items],
+                "content_types": [i.content_type for i in items],
+                "results": [i.result for i in items],
             },
         )
         return {row["id"]: row["status"] for row in rows}
@@ -426,6 +434,11 @@ class Broker:
     def announce_tasks(self, worker: str, tasks: Sequence[str]) -> None:
         """Record the task names ``worker`` has registered."""
         self._all("announce_worker_tasks", {"id": worker, "tasks": list(tasks)})
+
+    def task_known(self, name: str, queue: str, within: float) -> bool:
+        """Whether a live worker consuming ``queue`` (heartbeat within ``within`` s) knows it."""
+        row = self._one("task_known", {"name": name, "queue": queue, "within": within})
+        return bool(row and row["known"])
 
     def live_workers(self, within: float) -> list[Row]:
         """Workers whose last heartbeat is newer than ``within`` seconds."""

@@ -87,7 +87,8 @@ class Settings(BaseSettings):
     unknown_task_delay: float = Field(
         default=10.0,
         ge=0,
-        description="Seconds before a task of an unregistered name is offered again.",
+        description="Seconds before a task this worker has not registered, but another live "
+        "worker has, is offered again.",
     )
     shutdown_grace: float = Field(default=30.0, ge=0)
     task_time_limit: float | None = Field(

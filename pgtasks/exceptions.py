@@ -78,10 +78,14 @@ class SchemaOutOfDate(PgTasksError):
 
 
 class NotRegistered(TaskError, KeyError):
-    """No task of that name is registered with the app."""
+    """No task of that name is registered with the app.
 
-    def __str__(self) -> str:
-        return f"task {self.args[0]!r} is not registered" if self.args else "task not registered"
+    Its text is the quoted task name, as in Celery (a ``KeyError``); the repr says more.
+    """
+
+    def __repr__(self) -> str:
+        name = self.args[0] if self.args else "?"
+        return f"Task of kind {name!r} never registered, please make sure it's imported."
 
 
 class TimeoutError(TaskError):

@@ -64,6 +64,8 @@ class AsyncResult:
 
     #: The result of the call before this one in a chain (set where it is known: canvas).
     parent: AsyncResult | GroupResult | None = None
+    #: True for a call made with its result ignored: get() returns None without waiting.
+    ignored: bool = False
 
     def __init__(self, id: str, app: Celery | None = None, task_name: str | None = None) -> None:
         if app is None:
@@ -99,16 +101,28 @@ class AsyncResult:
             "traceback": None,
             "date_done": None,
         }
+        if row is not None and row["state"] is None and row["ignore_result"]:
+            # Nothing is stored for a call whose result is ignored: Celery reads PENDING.
+            row = None
         if row is not None:
-            state = row["state"] or states.celery_state(row["status"], row["retries"] or 0)
-            if row["state"] not in states.READY_STATES and row["status"] in states.Status.TERMINAL:
+            stored, status = row["state"], row["status"]
+            state = stored or states.celery_state(status, row["retries"] or 0)
+            if stored == states.IGNORED:
+                # The task raised Ignore: as in Celery, no outcome is stored and the result
+                # keeps showing it as started, never ready.
+                state = states.STARTED
+            elif stored == states.RETRY and status != states.Status.PENDING:
+                # The retry has started running (or finished): the row is newer.
+                state = states.celery_state(status, row["retries"] or 0)
+            elif stored not in states.READY_STATES and status in states.Status.TERMINAL:
                 # A state the task reported while running (update_state) gives way to the
                 # outcome once the row is finished, even when no result was kept.
-                state = states.celery_state(row["status"], row["retries"] or 0)
+                state = states.celery_state(status, row["retries"] or 0)
             meta["state"] = state
             meta["traceback"] = row["traceback"] or row["task_traceback"]
             meta["date_done"] = row["date_done"]
-            if row["result"] is not None:
+            stale = stored == states.RETRY and state != states.RETRY
+            if row["result"] is not None and not stale:
                 value = self.app.decode_result(
                     bytes(row["result"]), row["content_type"], row["content_encoding"]
                 )
@@ -166,8 +180,11 @@ class AsyncResult:
         """Wait until the task is ready; return its value or raise its exception.
 
         As in Celery, a failed parent (an earlier chain step, a chord's header member) raises
-        its own error here while this result is still waiting for it.
+        its own error here while this result is still waiting for it, and a call made with its
+        result ignored returns None at once.
         """
+        if self.ignored:
+            return None
         deadline = None if timeout is None else time.monotonic() + timeout
         wait = min(interval, 0.01)
         while True:

@@ -221,7 +221,9 @@ class Task(Generic[P, R]):
         signals.send_before_publish(msg, args, kwargs)
         self.app.broker.enqueue(msg, conn=self._enqueue_conn(connection))
         signals.send_after_publish(msg, args, kwargs)
-        return self.app.AsyncResult(msg.id, task_name=self.name)
+        result = self.app.AsyncResult(msg.id, task_name=self.name)
+        result.ignored = bool(msg.headers.get("ignore_result"))
+        return result
 
     # -- canvas ------------------------------------------------------------------------------
 

@@ -91,12 +91,14 @@ RETURNING t.id, t.cancel_requested
 
 -- name: complete_batch
 -- Fenced success for many tasks: COMPLETED (CANCELLED when a revoke arrived while it ran),
--- result row where results are kept, attempt history. Returns the rows this worker still owned.
+-- result row where results are kept (state SUCCESS, or IGNORED for a task that raised Ignore),
+-- attempt history. Returns the rows this worker still owned.
 WITH input AS (
     SELECT *
       FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(store)s::bool[],
-                  %(content_types)s::text[], %(results)s::bytea[], %(started)s::timestamptz[])
-        AS i(id, attempt, store, content_type, result, started_at)
+                  %(content_types)s::text[], %(results)s::bytea[], %(started)s::timestamptz[],
+                  %(states)s::text[])
+        AS i(id, attempt, store, content_type, result, started_at, state)
 ), owned AS (
     SELECT t.id
       FROM {schema}.tasks AS t
@@ -117,7 +119,7 @@ WITH input AS (
     RETURNING t.id, t.attempt, t.status
 ), saved AS (
     INSERT INTO {schema}.results AS r (task_id, state, content_type, result, traceback, date_done)
-    SELECT d.id, CASE d.status WHEN 'COMPLETED' THEN 'SUCCESS' ELSE 'REVOKED' END,
+    SELECT d.id, CASE d.status WHEN 'COMPLETED' THEN i.state ELSE 'REVOKED' END,
            i.content_type, CASE d.status WHEN 'COMPLETED' THEN i.result END, NULL, now()
       FROM done AS d JOIN input AS i USING (id)
      WHERE i.store
@@ -126,7 +128,9 @@ WITH input AS (
            result = EXCLUDED.result, traceback = NULL, date_done = EXCLUDED.date_done
 ), history AS (
     INSERT INTO {schema}.attempts (task_id, attempt, worker, started_at, outcome)
-    SELECT d.id, d.attempt, %(worker)s, i.started_at, lower(d.status)
+    SELECT d.id, d.attempt, %(worker)s, i.started_at,
+           CASE WHEN d.status = 'COMPLETED' AND i.state = 'IGNORED' THEN 'ignored'
+                ELSE lower(d.status) END
       FROM done AS d JOIN input AS i USING (id)
     ON CONFLICT DO NOTHING
 )
@@ -179,12 +183,15 @@ SELECT id, status FROM done
 -- name: retry_batch
 -- Fenced retry: back to PENDING at the given time (eta, or now() + delay on the database clock),
 -- with the retry count written in the same statement. A revoke that arrived wins (CANCELLED).
+-- Where results are kept, the exception is stored as the RETRY state's info, as in Celery.
 WITH input AS (
     SELECT *
       FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(retries)s::int[], %(delays)s::float8[],
                   %(etas)s::timestamptz[], %(errors)s::text[], %(tracebacks)s::text[],
-                  %(outcomes)s::text[], %(started)s::timestamptz[])
-        AS i(id, attempt, retries, delay, eta, error, traceback, outcome, started_at)
+                  %(outcomes)s::text[], %(started)s::timestamptz[], %(content_types)s::text[],
+                  %(results)s::bytea[])
+        AS i(id, attempt, retries, delay, eta, error, traceback, outcome, started_at,
+             content_type, result)
 ), owned AS (
     SELECT t.id
       FROM {schema}.tasks AS t
@@ -205,6 +212,14 @@ WITH input AS (
        AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
     RETURNING t.id, t.attempt, t.status, t.run_at
+), saved AS (
+    INSERT INTO {schema}.results AS r (task_id, state, content_type, result, traceback, date_done)
+    SELECT d.id, 'RETRY', i.content_type, i.result, i.traceback, now()
+      FROM done AS d JOIN input AS i USING (id)
+     WHERE i.result IS NOT NULL AND d.status = 'PENDING'
+    ON CONFLICT (task_id) DO UPDATE
+       SET state = EXCLUDED.state, content_type = EXCLUDED.content_type,
+           result = EXCLUDED.result, traceback = EXCLUDED.traceback, date_done = now()
 ), history AS (
     INSERT INTO {schema}.attempts (task_id, attempt, worker, started_at, outcome, error)
     SELECT d.id, d.attempt, %(worker)s, i.started_at, i.outcome, i.error
@@ -285,6 +300,7 @@ RETURNING status
 -- name: get_result
 -- What AsyncResult needs: the live row (if still there) and the stored result (if kept).
 SELECT t.status, t.retries, t.error, t.traceback AS task_traceback, t.name,
+       COALESCE((t.headers ->> 'ignore_result')::boolean, false) AS ignore_result,
        r.state, r.content_type, r.content_encoding, r.result, r.traceback, r.date_done
   FROM (SELECT %(id)s::text AS id) AS k
   LEFT JOIN {schema}.tasks AS t ON t.id = k.id
@@ -299,8 +315,13 @@ SELECT id, name, queue, priority, status, run_at, expires_at, attempt, retries, 
  WHERE id = %(id)s
 
 -- name: forget_result
--- Drop a stored result (AsyncResult.forget).
-DELETE FROM {schema}.results WHERE task_id = %(id)s
+-- Drop a stored result (AsyncResult.forget), and the task's row once it has finished, so the id
+-- reads as PENDING again as in Celery. Dead-lettered rows stay for requeue.
+WITH result_gone AS (
+    DELETE FROM {schema}.results WHERE task_id = %(id)s
+)
+DELETE FROM {schema}.tasks
+ WHERE id = %(id)s AND status IN ('COMPLETED', 'FAILED', 'CANCELLED')
 
 -- name: register_worker
 -- Announce a worker (for status and inspect); refreshed by heartbeat_worker.
@@ -367,6 +388,17 @@ SELECT id, host, pid, queues, concurrency, tasks, started_at, heartbeat_at,
   FROM {schema}.workers
  WHERE heartbeat_at > now() - make_interval(secs => %(within)s::float8)
  ORDER BY id
+
+-- name: task_known
+-- Whether a live worker consuming %(queue)s has registered the task %(name)s: a worker that
+-- meets a name it does not know hands the row on when one does, and fails it otherwise.
+SELECT EXISTS (
+    SELECT 1
+      FROM {schema}.workers
+     WHERE heartbeat_at > now() - make_interval(secs => %(within)s::float8)
+       AND %(name)s = ANY(tasks)
+       AND %(queue)s = ANY(queues)
+) AS known
 
 -- name: running_tasks
 -- RUNNING rows with their owners, for inspect active and reserved.

@@ -141,6 +141,7 @@ def execute(app: Celery, job: Job) -> Outcome:
             RETRY,
             started,
             time.perf_counter() - t0,
+            result=_encode_exception(job, cause),
             error=_describe(cause),
             traceback=einfo,
             retry_when=exc.when,
@@ -199,30 +200,28 @@ def execute(app: Celery, job: Job) -> Outcome:
 def _failure(
     job: Job, exc: BaseException, started: float, t0: float, einfo: str, exhausted: bool
 ) -> Outcome:
-    result = None
-    if job.store_result:
-        try:
-            result = encode(exception_to_dict(exc), job.result_serializer)
-        except EncodeError:
-            result = encode(
-                {
-                    "exc_type": type(exc).__name__,
-                    "exc_message": [repr(exc)],
-                    "exc_module": "builtins",
-                },
-                "json",
-            )
     return Outcome(
         job.id,
         job.attempt,
         FAILURE,
         started,
         time.perf_counter() - t0,
-        result=result,
+        result=_encode_exception(job, exc),
         error=_describe(exc),
         traceback=einfo,
         retries_exhausted=exhausted,
     )
+
+
+def _encode_exception(job: Job, exc: BaseException) -> Encoded | None:
+    """The exception as a stored result (Celery's exc_type/exc_message form), if kept."""
+    if not job.store_result:
+        return None
+    try:
+        return encode(exception_to_dict(exc), job.result_serializer)
+    except EncodeError:
+        fallback = {"exc_type": type(exc).__name__, "exc_message": [repr(exc)]}
+        return encode({**fallback, "exc_module": "builtins"}, "json")
 
 
 def _describe(exc: BaseException) -> str:

@@ -22,9 +22,11 @@ from pgtasks import migrate as migrations
 from pgtasks import signals
 from pgtasks.broker import Failure, Release, RetryAt, Success
 from pgtasks.canvas import chord_body_builder, chord_member, register_builtins
+from pgtasks.exceptions import NotRegistered
 from pgtasks.maintenance import Maintenance, Pruner, Reclaimer
 from pgtasks.message import ClaimedTask
-from pgtasks.serialization import decode
+from pgtasks.result import exception_to_dict
+from pgtasks.serialization import decode, encode
 from pgtasks.states import Status
 from pgtasks.worker import execute as ex
 from pgtasks.worker import task_signals, timelimits
@@ -284,21 +286,7 @@ class Worker:
             return None
         task = self.app.tasks.get(row.name)
         if task is None:
-            tlog.error(
-                "task.unknown",
-                retry_in=self.settings.unknown_task_delay,
-                hint="no task of this name is registered on this worker; the row is kept "
-                "for a worker that knows it",
-            )
-            task_signals.unknown(self, row)
-            self._settle(
-                Release(
-                    row.id,
-                    row.attempt,
-                    self.settings.unknown_task_delay,
-                    f"unregistered task {row.name!r} (worker {self.id})",
-                )
-            )
+            self._unknown(row, tlog)
             return None
         try:
             args, kwargs = self._decode(row)
@@ -333,6 +321,44 @@ class Worker:
             soft_time_limit=soft,
         )
         return job
+
+    def _unknown(self, row: ClaimedTask, tlog: Any) -> None:
+        """A row whose task name this worker has not registered.
+
+        During a rolling deploy another live worker may know the name: the row is handed back
+        for it. When no live worker consuming the row's queue knows it, the row fails with
+        ``NotRegistered`` as in Celery, dead-lettered so it can be requeued once deployed.
+        """
+        task_signals.unknown(self, row)
+        if self.app.broker.task_known(row.name, row.queue, self.settings.lease_seconds):
+            tlog.warning(
+                "task.unknown",
+                retry_in=self.settings.unknown_task_delay,
+                hint="not registered on this worker; handed back for a worker that knows it",
+            )
+            error = f"unregistered task {row.name!r} (worker {self.id})"
+            self._settle(Release(row.id, row.attempt, self.settings.unknown_task_delay, error))
+            return
+        error = (
+            f"NotRegistered: no live worker consuming queue {row.queue!r} has registered "
+            f"task {row.name!r}; import its module in the worker (include=, imports or "
+            f"autodiscover_tasks), then requeue it"
+        )
+        tlog.error("task.dead_lettered", reason="unregistered task", error=error)
+        stored = encode(exception_to_dict(NotRegistered(row.name)), "json")
+        failure = Failure(
+            row.id,
+            row.attempt,
+            Status.DEAD,
+            error,
+            None,
+            True,
+            stored.content_type,
+            stored.data,
+            None,
+            followups=chord_member(row.headers),
+        )
+        self._settle(failure)
 
     def _decode(self, row: ClaimedTask) -> tuple[tuple[Any, ...], dict[str, Any]]:
         body = decode(
@@ -372,7 +398,12 @@ class Worker:
         result = o.result.data if o.result else None
         content_type = o.result.content_type if o.result else "application/json"
         final: Final
-        if o.kind == ex.SUCCESS or o.kind == ex.IGNORED:
+        if o.kind == ex.IGNORED:
+            # Celery stores no outcome for Ignore: the result keeps showing the task as
+            # started, never ready. The row still finishes, so nothing runs it again.
+            tlog.info("task.ignored", duration=round(o.runtime, 6))
+            final = Success(row.id, row.attempt, True, content_type, None, started, state="IGNORED")
+        elif o.kind == ex.SUCCESS:
             tlog.info("task.succeeded", duration=round(o.runtime, 6))
             final = Success(
                 row.id,
@@ -422,6 +453,8 @@ class Worker:
                 o.traceback,
                 "retry",
                 started,
+                result=result,
+                content_type=content_type,
             )
         elif o.kind == ex.REJECT_REQUEUE:
             tlog.warning("task.rejected", requeue=True, error=o.error)

@@ -18,7 +18,12 @@ import pytest
 from kombu.exceptions import EncodeError
 
 from pgtasks import Celery
-from pgtasks.exceptions import ImproperlyConfigured, TaskRevokedError, TimeoutError
+from pgtasks.exceptions import (
+    ImproperlyConfigured,
+    NotRegistered,
+    TaskRevokedError,
+    TimeoutError,
+)
 
 Row = dict[str, Any]
 
@@ -215,15 +220,21 @@ def test_send_task_enqueues_an_unknown_name(app: Celery, db: psycopg.Connection[
     assert result.state == "PENDING"
 
 
-def test_unknown_task_is_kept_for_a_worker_that_knows_it(
+def test_unknown_task_is_handed_on_while_a_live_worker_knows_it(
     app: Celery, db: psycopg.Connection[Any], worker_factory: Any
 ) -> None:
+    """A rolling deploy: another live worker on the queue knows the name, so this one gives
+    the row back (its claim undone) instead of failing it."""
     app.conf.unknown_task_delay = 0.3
 
     @app.task(name="bad.known")
     def known(x: int) -> int:
         return x * 2
 
+    db.execute(
+        "INSERT INTO workers (id, host, pid, queues, concurrency, tasks) "
+        "VALUES ('newer-release@host', 'host', 1, '{celery}', 1, '{bad.learned_later}')"
+    )
     orphan = app.send_task("bad.learned_later", args=(2, 3))
     with worker_factory():
         first = wait_for(
@@ -253,6 +264,35 @@ def test_unknown_task_is_kept_for_a_worker_that_knows_it(
     with worker_factory():
         assert orphan.get(timeout=10) == 5
     assert task_row(db, orphan.id)["status"] == "COMPLETED"
+
+
+def test_unknown_task_fails_with_not_registered_when_no_worker_knows_it(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: Any
+) -> None:
+    """As in Celery the caller sees NotRegistered; the row is dead-lettered, payload kept."""
+
+    @app.task(name="bad.known")
+    def known(x: int) -> int:
+        return x * 2
+
+    # A worker that knew the name but stopped heartbeating long ago does not count.
+    db.execute(
+        "INSERT INTO workers (id, host, pid, queues, concurrency, tasks, heartbeat_at) "
+        "VALUES ('gone@host', 'host', 1, '{celery}', 1, '{bad.nobody_knows}', "
+        "now() - interval '1 hour')"
+    )
+    orphan = app.send_task("bad.nobody_knows", args=(1,), kwargs={"k": "v"})
+    with worker_factory():
+        with pytest.raises(NotRegistered) as raised:
+            orphan.get(timeout=10)
+        assert known.delay(5).get(timeout=10) == 10
+    assert str(raised.value) == "'bad.nobody_knows'"
+    assert orphan.state == "FAILURE"
+    row = task_row(db, orphan.id)
+    assert row["status"] == "DEAD"
+    assert row["payload"] == '[[1], {"k": "v"}]', "the payload is kept for a requeue"
+    assert "no live worker consuming queue 'celery' has registered" in row["error"]
+    assert "requeue" in row["error"]
 
 
 def _insert_raw(
