@@ -358,6 +358,28 @@ class Broker:
         )
         return {row["id"]: row["status"] for row in rows}
 
+    def take_rate_slots(
+        self,
+        worker: str,
+        items: Sequence[tuple[str, int, str, float]],
+    ) -> dict[str, bool]:
+        """Start times for rate-limited claimed rows ``(id, attempt, key, interval)``.
+
+        Returns id -> deferred: True for a row handed back to wait for its slot (or no longer
+        owned), False for one whose slot is now.
+        """
+        rows = self._all(
+            "take_rate_slots",
+            {
+                "worker": worker,
+                "ids": [i[0] for i in items],
+                "attempts": [i[1] for i in items],
+                "keys": [i[2] for i in items],
+                "intervals": [i[3] for i in items],
+            },
+        )
+        return {row["id"]: row["deferred"] for row in rows}
+
     def reclaim(self, max_lost: int, limit: int = 1000) -> list[Row]:
         """Put expired leases back in the queue (or dead-letter them), naming the previous owner."""
         return self._all("reclaim_expired", {"max_lost": max_lost, "limit": limit})

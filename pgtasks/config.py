@@ -37,6 +37,8 @@ CELERY_NAMES: dict[str, str] = {
     "task_time_limit": "task_time_limit",
     "task_soft_time_limit": "task_soft_time_limit",
     "worker_max_tasks_per_child": "max_tasks_per_child",
+    "task_default_rate_limit": "default_rate_limit",
+    "worker_disable_rate_limits": "disable_rate_limits",
 }
 
 
@@ -97,6 +99,14 @@ class Settings(BaseSettings):
     task_soft_time_limit: float | None = Field(
         default=None, gt=0, description="Seconds before SoftTimeLimitExceeded is raised in a task."
     )
+    default_rate_limit: str | float | None = Field(
+        default=None,
+        description="Rate limit of tasks that set none ('10/s', '100/m', '2/h'); held across "
+        "all workers.",
+    )
+    disable_rate_limits: bool = Field(
+        default=False, description="Run rate-limited tasks without waiting for their slots."
+    )
     max_tasks_per_child: int | None = Field(
         default=None, ge=1, description="Tasks a prefork child runs before it is replaced."
     )
@@ -119,6 +129,14 @@ class Settings(BaseSettings):
             if value.strip().startswith("["):
                 return json.loads(value)
             return [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    @field_validator("default_rate_limit")
+    @classmethod
+    def _rate(cls, value: Any) -> Any:
+        from pgtasks.ratelimits import rate
+
+        rate(value)
         return value
 
 

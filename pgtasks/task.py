@@ -8,7 +8,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
-from pgtasks import exceptions, signals
+from pgtasks import exceptions, ratelimits, signals
+from pgtasks.exceptions import ImproperlyConfigured
 from pgtasks.request import Request
 from pgtasks.retry import exponential_backoff
 from pgtasks.serialization import EncodeError, encode, find_unencodable
@@ -50,6 +51,9 @@ class Task(Generic[P, R]):
     #: hard one kills its prefork child and fails it with TimeLimitExceeded. None: the worker's.
     time_limit: float | None = None
     soft_time_limit: float | None = None
+    #: Celery's rate limit ("10/s", "100/m", "2/h" or tasks per second), held across every
+    #: worker through the database. None: the app's ``task_default_rate_limit``.
+    rate_limit: str | float | None = None
 
     MaxRetriesExceededError = exceptions.MaxRetriesExceededError
 
@@ -64,6 +68,10 @@ class Task(Generic[P, R]):
             setattr(self, key, value)
         if self.autoretry_for and not isinstance(self.autoretry_for, tuple):
             self.autoretry_for = tuple(self.autoretry_for)
+        try:
+            ratelimits.rate(self.rate_limit)
+        except (TypeError, ValueError) as exc:
+            raise ImproperlyConfigured(f"task {name!r}: {exc}") from None
         self._local = threading.local()
         self.__doc__ = fun.__doc__
         self.__name__ = getattr(fun, "__name__", name)

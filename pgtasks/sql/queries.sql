@@ -205,6 +205,7 @@ WITH input AS (
        SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
            retries = i.retries,
            run_at = COALESCE(i.eta, now() + make_interval(secs => i.delay)),
+           headers = t.headers - 'rate_slot',
            error = i.error, traceback = i.traceback,
            claimed_by = NULL, lease_until = NULL, updated_at = now()
       FROM input AS i, owned
@@ -256,6 +257,50 @@ UPDATE {schema}.tasks AS t
    AND t.attempt = i.attempt
    AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
 RETURNING t.id, t.status
+
+-- name: take_rate_slots
+-- Rate limits: give each rate-limited row of a claim its start time ("slot"), one interval apart
+-- per key in claim order, whichever worker asks (the key's row is locked by the upsert, keys in
+-- order). A row whose slot is later than now is handed back, due at its slot and marked as
+-- admitted (the claim's attempt given back; a revoke that arrived wins); the others run now.
+WITH input AS (
+    SELECT i.id, i.attempt, i.key, i.every,
+           row_number() OVER (PARTITION BY i.key ORDER BY i.ord) - 1 AS place
+      FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(keys)s::text[],
+                  %(intervals)s::float8[]) WITH ORDINALITY AS i(id, attempt, key, every, ord)
+), wanted AS (
+    SELECT key, max(every) AS every, count(*) AS n FROM input GROUP BY key
+), taken AS (
+    INSERT INTO {schema}.rate_limits AS b (key, next_at)
+    SELECT key, now() + make_interval(secs => every * n) FROM wanted ORDER BY key
+    ON CONFLICT (key) DO UPDATE
+       SET next_at = greatest(b.next_at, now()) + (EXCLUDED.next_at - now())
+    RETURNING b.key, b.next_at
+), slots AS (
+    SELECT i.id, i.attempt, t.next_at - make_interval(secs => w.every * (w.n - i.place)) AS slot
+      FROM input AS i JOIN wanted AS w USING (key) JOIN taken AS t USING (key)
+), owned AS (
+    SELECT t.id
+      FROM {schema}.tasks AS t
+      JOIN slots AS s ON t.id = s.id AND t.attempt = s.attempt
+     WHERE t.id = ANY(%(ids)s::text[]) AND s.slot > now()
+       AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+     ORDER BY t.id
+       FOR UPDATE OF t
+), deferred AS (
+    UPDATE {schema}.tasks AS t
+       SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
+           attempt = t.attempt - 1,
+           run_at = s.slot,
+           headers = t.headers || jsonb_build_object('rate_slot', s.slot),
+           claimed_by = NULL, lease_until = NULL, updated_at = now()
+      FROM slots AS s, owned
+     WHERE t.id = ANY(%(ids)s::text[]) AND t.id = owned.id AND t.id = s.id
+       AND t.attempt = s.attempt
+       AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+    RETURNING t.id
+)
+SELECT s.id, s.slot, s.slot > now() AS deferred FROM slots AS s
 
 -- name: reclaim_expired
 -- Take back rows whose lease ran out (their worker died or lost the database): PENDING again,

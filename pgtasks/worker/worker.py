@@ -19,7 +19,7 @@ import psycopg
 import structlog
 
 from pgtasks import migrate as migrations
-from pgtasks import signals
+from pgtasks import ratelimits, signals
 from pgtasks.broker import Failure, Release, RetryAt, Success
 from pgtasks.canvas import chord_body_builder, chord_member, register_builtins
 from pgtasks.exceptions import NotRegistered
@@ -232,7 +232,7 @@ class Worker:
                 self.log.exception("worker.loop_error", during="claim")
                 self._stopping.wait(1.0)
                 continue
-            for row in claimed:
+            for row in self._take_rate_slots(claimed):
                 job = self._accept(row)
                 if job is not None:
                     self._buffer.append(job)
@@ -244,6 +244,42 @@ class Worker:
                 self._stopping.set()
                 break
             self._wake.wait(self.poll_interval)
+
+    def _take_rate_slots(self, claimed: list[ClaimedTask]) -> list[ClaimedTask]:
+        """The claimed rows that may start now: rate-limited ones get their start times in one
+        statement, and those whose time is later go back to wait for it (see ratelimits)."""
+        if self.settings.disable_rate_limits or not claimed:
+            return claimed
+        limited: list[tuple[str, int, str, float]] = []
+        for row in claimed:
+            task = self.app.tasks.get(row.name)
+            if task is None or row.expired or ratelimits.admitted(row.headers):
+                continue
+            every = self._rate_interval(task)
+            if every is not None:
+                limited.append((row.id, row.attempt, ratelimits.key(row.name), every))
+        if not limited:
+            return claimed
+        try:
+            deferred = self.app.broker.take_rate_slots(self.id, limited)
+        except Exception:
+            # No start time could be taken: hand the limited rows back to be claimed again.
+            self.log.exception("worker.loop_error", during="rate limit")
+            wait = {item[0] for item in limited}
+            for row in claimed:
+                if row.id in wait:
+                    with self._lock:
+                        self._inflight[row.id] = InFlight(row)
+                    self._settle(Release(row.id, row.attempt, 1.0, None))
+            return [row for row in claimed if row.id not in wait]
+        for row in claimed:
+            if deferred.get(row.id):
+                self.log.debug("task.rate_limited", task_id=row.id, task_name=row.name)
+        return [row for row in claimed if not deferred.get(row.id)]
+
+    def _rate_interval(self, task: Any) -> float | None:
+        limit = task.rate_limit if task.rate_limit is not None else self.settings.default_rate_limit
+        return ratelimits.interval(limit)
 
     def _adaptive_prefetch(self) -> int:
         """Rows to hold beyond the free slots: about prefetch_window seconds of work."""

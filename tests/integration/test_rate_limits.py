@@ -1,0 +1,152 @@
+"""Rate limits held by the database: start times one interval apart across every worker, later
+rows handed back to wait for their time (their claim undone), unlimited tasks never held up."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from pgtasks import Celery
+from pgtasks.worker import Worker
+from tests.apps import coord
+from tests.apps.harness import (
+    advance_due,
+    describe_all,
+    executions,
+    one,
+    remote,
+    rows,
+    wait_until,
+    worker_processes,
+)
+
+WorkerFactory = Callable[..., AbstractContextManager[Worker]]
+
+
+def test_three_worker_processes_share_one_rate(
+    app: Celery, db: psycopg.Connection[Any], pg_dsn: str, schema: str
+) -> None:
+    coord.install(db)
+    every = 0.05  # coord.limited is "20/s"
+    names = ["rate-a", "rate-b", "rate-c"]
+    with worker_processes(pg_dsn, schema, names, ready=db, concurrency=4) as workers:
+        limited = remote(app, coord.LIMITED)
+        ids = [limited.delay().id for _ in range(12)]
+        wait_until(
+            lambda: len(rows(db, "SELECT 1 FROM executions")) == 12,
+            timeout=20,
+            what="twelve limited tasks to run",
+            details=describe_all(workers),
+        )
+    starts = sorted(e["started_at"] for i in ids for e in executions(db, i))
+    assert len(starts) == 12, "each task ran once"
+    first = starts[0]
+    for place, started in enumerate(starts):
+        # Slot n is n intervals after the first, and a task never starts before its slot (the
+        # first may itself start a little after its own: one interval of slack).
+        assert started - first >= timedelta(seconds=(place - 1) * every), (place, starts)
+    # The start times handed out, whichever worker asked, are one interval apart or more.
+    slots = sorted(
+        r["slot"]
+        for r in rows(
+            db,
+            "SELECT (headers ->> 'rate_slot')::timestamptz AS slot FROM tasks "
+            "WHERE id = ANY(%s) AND headers ? 'rate_slot'",
+            (ids,),
+        )
+    )
+    assert len(slots) >= 9, "most of the twelve waited for their slot"
+    assert all(b - a >= timedelta(seconds=every) for a, b in itertools.pairwise(slots))
+    assert {e["worker"] for i in ids for e in executions(db, i)} <= set(names)
+    claims = rows(db, "SELECT attempt FROM tasks WHERE id = ANY(%s)", (ids,))
+    assert {c["attempt"] for c in claims} == {1}, "waiting for a slot does not use up an attempt"
+    bucket = one(db, "SELECT next_at FROM rate_limits WHERE key = 'task:coord.limited'")
+    assert bucket["next_at"] - first >= timedelta(seconds=11 * every)
+
+
+def test_later_slots_wait_in_the_row_and_unlimited_tasks_go_on(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: WorkerFactory
+) -> None:
+    @app.task(name="rl.slow", rate_limit="1/m")
+    def slow(n: int) -> int:
+        return n
+
+    @app.task(name="rl.free")
+    def free(n: int) -> int:
+        return n
+
+    with worker_factory(concurrency=4):
+        held = [slow.delay(n) for n in range(4)]
+        assert [free.delay(n).get(timeout=10) for n in range(20)] == list(range(20))
+        wait_until(
+            lambda: (
+                one(
+                    db,
+                    "SELECT count(*) AS n FROM tasks WHERE name = 'rl.slow' AND status = 'COMPLETED'",
+                )["n"]
+                == 1
+            ),
+            what="the first limited task to run at once",
+        )
+        waiting = rows(
+            db,
+            "SELECT id, run_at, attempt, headers ? 'rate_slot' AS admitted FROM tasks "
+            "WHERE name = 'rl.slow' AND status = 'PENDING' ORDER BY run_at",
+        )
+        assert len(waiting) == 3
+        assert all(w["admitted"] and w["attempt"] == 0 for w in waiting)
+        gaps = [b["run_at"] - a["run_at"] for a, b in itertools.pairwise(waiting)]
+        assert gaps == [timedelta(minutes=1)] * 2, "one slot a minute"
+        # Their time comes (moved by the database clock, not by waiting): they run as admitted,
+        # without asking for new slots.
+        advance_due(db)
+        assert sorted(r.get(timeout=10) for r in held) == [0, 1, 2, 3]
+    # Four slots were given, the first at once: the next free one is four minutes on.
+    bucket = one(db, "SELECT next_at - now() AS ahead FROM rate_limits WHERE key = 'task:rl.slow'")
+    assert timedelta(minutes=4) - timedelta(seconds=10) < bucket["ahead"] <= timedelta(minutes=4)
+
+
+def test_a_retry_takes_a_new_slot(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: WorkerFactory
+) -> None:
+    @app.task(name="rl.again", bind=True, rate_limit="1/m", max_retries=1)
+    def again(self: Any) -> str:
+        if self.request.retries == 0:
+            raise self.retry(countdown=0)
+        return "second run"
+
+    with worker_factory():
+        result = again.delay()
+        # The first run took the free slot; the retry, due at once, waits a minute for the next.
+        (row,) = wait_until(
+            lambda: rows(
+                db,
+                "SELECT status, retries, run_at - now() AS wait FROM tasks "
+                "WHERE id = %s AND headers ? 'rate_slot'",
+                (result.id,),
+            ),
+            what="the retry to wait for its slot",
+        )
+        assert (row["status"], row["retries"]) == ("PENDING", 1)
+        assert timedelta(seconds=50) < row["wait"] <= timedelta(minutes=1)
+        advance_due(db)
+        assert result.get(timeout=10) == "second run"
+
+
+def test_disabled_rate_limits_run_everything_now(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: WorkerFactory
+) -> None:
+    app.conf.worker_disable_rate_limits = True
+
+    @app.task(name="rl.ignored", rate_limit="1/h")
+    def hourly(n: int) -> int:
+        return n
+
+    with worker_factory(concurrency=2):
+        assert [hourly.delay(n).get(timeout=10) for n in range(3)] == [0, 1, 2]
+    assert rows(db, "SELECT * FROM rate_limits") == []
