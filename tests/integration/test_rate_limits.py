@@ -87,7 +87,8 @@ def test_later_slots_wait_in_the_row_and_unlimited_tasks_go_on(
             lambda: (
                 one(
                     db,
-                    "SELECT count(*) AS n FROM tasks WHERE name = 'rl.slow' AND status = 'COMPLETED'",
+                    "SELECT count(*) AS n FROM tasks "
+                    "WHERE name = 'rl.slow' AND status = 'COMPLETED'",
                 )["n"]
                 == 1
             ),
