@@ -15,6 +15,7 @@ from pgtasks.exceptions import (
     TimeLimitExceeded,
 )
 from pgtasks.result import AsyncResult, GroupResult
+from pgtasks.schedules import crontab, schedule
 from pgtasks.task import Task
 
 __version__ = "0.1.0"
@@ -34,8 +35,10 @@ __all__ = [
     "__version__",
     "chain",
     "chord",
+    "crontab",
     "current_app",
     "group",
+    "schedule",
     "shared_task",
     "signature",
 ]

@@ -18,6 +18,8 @@ CELERY_NAMES = [
     ("pgtasks.utils", ["uuid", "gen_unique_id"]),
     ("pgtasks.utils.log", ["get_task_logger", "get_logger", "task_logger", "base_logger"]),
     ("pgtasks.result", ["AsyncResult", "EagerResult"]),
+    ("pgtasks.schedules", ["crontab", "schedule", "maybe_schedule"]),
+    ("pgtasks", ["crontab", "schedule"]),
     (
         "pgtasks.states",
         ["PENDING", "RECEIVED", "STARTED", "SUCCESS", "FAILURE", "REVOKED", "REJECTED", "RETRY"],
