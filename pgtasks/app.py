@@ -12,7 +12,10 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, tzinfo
+from datetime import timezone as dt_timezone
 from typing import Any, TypeVar, overload
+from zoneinfo import ZoneInfo
 
 from pgtasks import config, embedded, routing, serialization, transaction
 from pgtasks.broker import Broker
@@ -182,6 +185,18 @@ class Celery:
             self._settings = config.build(self.conf)
             self._settings_key = key
         return self._settings
+
+    @property
+    def timezone(self) -> tzinfo:
+        """The app's time zone, as Celery's: ``timezone`` if set, else UTC (or the local zone
+        when ``enable_utc`` is off). Crontab schedules and naive datetimes use it."""
+        settings = self.settings
+        if settings.timezone:
+            return ZoneInfo(settings.timezone)
+        if settings.enable_utc:
+            return dt_timezone.utc
+        local = datetime.now().astimezone().tzinfo
+        return local if local is not None else dt_timezone.utc
 
     def config_from_object(
         self, obj: Any, namespace: str | None = None, silent: bool = False

@@ -38,6 +38,9 @@ CELERY_NAMES: dict[str, str] = {
     "task_soft_time_limit": "task_soft_time_limit",
     "worker_max_tasks_per_child": "max_tasks_per_child",
     "task_default_rate_limit": "default_rate_limit",
+    "task_acks_late": "acks_late",
+    "task_reject_on_worker_lost": "reject_on_worker_lost",
+    "task_track_started": "track_started",
     "worker_disable_rate_limits": "disable_rate_limits",
 }
 
@@ -107,6 +110,29 @@ class Settings(BaseSettings):
     disable_rate_limits: bool = Field(
         default=False, description="Run rate-limited tasks without waiting for their slots."
     )
+    timezone: str | None = Field(
+        default=None,
+        description="Time zone of crontab schedules and of naive eta/expires datetimes "
+        "(an IANA name such as 'Europe/Berlin'). None: UTC (or the local zone with "
+        "enable_utc off).",
+    )
+    enable_utc: bool = Field(
+        default=True, description="With no timezone set: UTC when on, the local zone when off."
+    )
+    acks_late: bool = Field(
+        default=False,
+        description="Accepted for Celery compatibility: every task is held under a lease and "
+        "runs again if its worker dies, as with acks_late.",
+    )
+    reject_on_worker_lost: bool | None = Field(
+        default=None,
+        description="Accepted for Celery compatibility: a task whose worker dies runs again, "
+        "up to max_lost_attempts, then is dead-lettered.",
+    )
+    track_started: bool = Field(
+        default=False,
+        description="Accepted for Celery compatibility: a running task always reads STARTED.",
+    )
     max_tasks_per_child: int | None = Field(
         default=None, ge=1, description="Tasks a prefork child runs before it is replaced."
     )
@@ -129,6 +155,21 @@ class Settings(BaseSettings):
             if value.strip().startswith("["):
                 return json.loads(value)
             return [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: Any) -> Any:
+        if value in (None, ""):
+            return None
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(
+                f"unknown time zone {value!r}: use an IANA name such as 'Europe/Berlin'"
+            ) from None
         return value
 
     @field_validator("default_rate_limit")

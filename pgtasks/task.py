@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from pgtasks import exceptions, ratelimits, signals
@@ -348,11 +348,11 @@ class Task(Generic[P, R]):
         if countdown is not None:
             countdown = _seconds("countdown", countdown)
         if eta is not None:
-            eta = _aware("eta", eta)
+            eta = _aware("eta", eta, self.app.timezone)
         expires_at: datetime | None = None
         expires_in: float | None = None
         if isinstance(expires, datetime):
-            expires_at = _aware("expires", expires)
+            expires_at = _aware("expires", expires, self.app.timezone)
         elif expires is not None:
             expires_in = _seconds("expires", expires)
         if priority is None:
@@ -506,7 +506,7 @@ class Task(Generic[P, R]):
             )
         when: float | datetime
         if eta is not None:
-            when = _aware("eta", eta)
+            when = _aware("eta", eta, self.app.timezone)
         else:
             when = _seconds(
                 "countdown", countdown if countdown is not None else self.default_retry_delay
@@ -530,13 +530,13 @@ def _seconds(what: str, value: Any) -> float:
     return seconds
 
 
-def _aware(what: str, value: Any) -> datetime:
+def _aware(what: str, value: Any, zone: tzinfo) -> datetime:
     if not isinstance(value, datetime):
         raise TypeError(f"{what} must be a datetime, not {type(value).__name__}")
     when: datetime = value
     if when.tzinfo is None:
-        # Celery treats naive datetimes as UTC when enable_utc is on (its default).
-        when = when.replace(tzinfo=timezone.utc)
+        # As in Celery, a naive datetime is in the app's time zone (UTC unless configured).
+        when = when.replace(tzinfo=zone)
     return when
 
 

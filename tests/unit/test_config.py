@@ -223,6 +223,10 @@ def test_malformed_environment_list_is_improperly_configured(
         ({"max_payload_bytes": 0}, "max_payload_bytes"),
         ({"worker_concurrency": "many"}, "concurrency"),
         ({"unknown_task_delay": -1}, "unknown_task_delay"),
+        ({"timezone": "Mars/Olympus_Mons"}, "timezone"),
+        ({"task_acks_late": "sometimes"}, "acks_late"),
+        ({"task_track_started": [1]}, "track_started"),
+        ({"task_default_rate_limit": "often"}, "default_rate_limit"),
     ],
 )
 def test_invalid_settings_are_one_line_improperly_configured(
@@ -269,3 +273,19 @@ def test_config_from_missing_module() -> None:
 
 
 SAMPLE_CONFIG = {"task_default_queue": "from-module"}
+
+
+def test_celery_settings_without_a_broker_meaning_are_accepted() -> None:
+    settings = make_app(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_track_started=True,
+        timezone="Europe/Berlin",
+        enable_utc=False,
+    ).settings
+    assert (settings.acks_late, settings.reject_on_worker_lost, settings.track_started) == (
+        True,
+        True,
+        True,
+    )
+    assert (settings.timezone, settings.enable_utc) == ("Europe/Berlin", False)

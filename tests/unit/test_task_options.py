@@ -132,6 +132,24 @@ def test_naive_eta_is_utc(task: Task[Any, Any]) -> None:
     assert eta is not None and eta.utcoffset() == timedelta(0)
 
 
+def test_naive_eta_and_expires_are_in_the_app_time_zone(
+    app: Celery, task: Task[Any, Any]
+) -> None:
+    app.conf.timezone = "Europe/Berlin"
+    msg = task.build_message(eta=datetime(2031, 7, 1, 12, 0), expires=datetime(2031, 1, 1, 12, 0))
+    assert msg.eta == datetime(2031, 7, 1, 10, 0, tzinfo=timezone.utc), "CEST is UTC+2"
+    assert msg.expires_at == datetime(2031, 1, 1, 11, 0, tzinfo=timezone.utc), "CET is UTC+1"
+
+
+def test_app_time_zone_follows_celerys_rules(app: Celery) -> None:
+    assert app.timezone == timezone.utc
+    app.conf.enable_utc = False
+    local = datetime.now().astimezone().utcoffset()
+    assert datetime.now(app.timezone).utcoffset() == local
+    app.conf.timezone = "America/New_York"
+    assert str(app.timezone) == "America/New_York"
+
+
 def test_aware_eta_keeps_its_instant(task: Task[Any, Any]) -> None:
     tokyo = timezone(timedelta(hours=9))
     eta = datetime(2031, 5, 6, 16, 0, tzinfo=tokyo)
