@@ -132,9 +132,7 @@ def test_naive_eta_is_utc(task: Task[Any, Any]) -> None:
     assert eta is not None and eta.utcoffset() == timedelta(0)
 
 
-def test_naive_eta_and_expires_are_in_the_app_time_zone(
-    app: Celery, task: Task[Any, Any]
-) -> None:
+def test_naive_eta_and_expires_are_in_the_app_time_zone(app: Celery, task: Task[Any, Any]) -> None:
     app.conf.timezone = "Europe/Berlin"
     msg = task.build_message(eta=datetime(2031, 7, 1, 12, 0), expires=datetime(2031, 1, 1, 12, 0))
     assert msg.eta == datetime(2031, 7, 1, 10, 0, tzinfo=timezone.utc), "CEST is UTC+2"
