@@ -380,9 +380,23 @@ class Broker:
         )
         return {row["id"]: row["deferred"] for row in rows}
 
-    def reclaim(self, max_lost: int, limit: int = 1000) -> list[Row]:
-        """Put expired leases back in the queue (or dead-letter them), naming the previous owner."""
-        return self._all("reclaim_expired", {"max_lost": max_lost, "limit": limit})
+    def reclaim(
+        self,
+        max_lost: int,
+        limit: int = 1000,
+        chord_ready: Callable[[Row, list[Row]], Plan] | None = None,
+    ) -> list[Row]:
+        """Put expired leases back in the queue (or dead-letter them), naming the previous owner.
+
+        A chord member that ends here (dead-lettered, or cancelled) is counted by its chord in
+        the same transaction, as a failed member, so the chord's error is recorded.
+        """
+        with self.pool.connection(timeout=self.connect_timeout) as conn, conn.transaction():
+            rows = self._all("reclaim_expired", {"max_lost": max_lost, "limit": limit}, conn)
+            hits = [r["chord"] for r in rows if r["chord"] and r["status"] != "PENDING"]
+            if hits and chord_ready is not None:
+                self._count_chords(conn, Plan(chord_hits=hits), chord_ready)
+        return rows
 
     def register_worker(
         self, worker: str, host: str, pid: int, queues: Sequence[str], concurrency: int
@@ -563,24 +577,32 @@ class Broker:
                     plan.extend(chosen)
                 if follow.chord:
                     plan.chord_hits.append(follow.chord)
-            # A fired chord's body may itself finish an outer chord (a chord error), so count
-            # until nothing is left to count.
-            while plan.chord_hits:
-                hits, plan.chord_hits = plan.chord_hits, []
-                self._write_plan(conn, plan)
-                plan = Plan(chord_hits=plan.chord_hits)
-                fired = [
-                    r
-                    for r in self._all("decrement_chords", {"ids": hits}, conn)
-                    if r["remaining"] == 0
-                ]
-                for row in fired:
-                    members = self._all("chord_member_results", {"ids": row["member_ids"]}, conn)
-                    plan.extend(chord_ready(row, members))
-                if fired:
-                    self._all("delete_chords", {"ids": [r["id"] for r in fired]}, conn)
-            self._write_plan(conn, plan)
+            self._count_chords(conn, plan, chord_ready)
         return statuses
+
+    def _count_chords(
+        self,
+        conn: psycopg.Connection[Any],
+        plan: Plan,
+        chord_ready: Callable[[Row, list[Row]], Plan],
+    ) -> None:
+        """Write ``plan``, counting its chord hits; a chord brought to zero gets its body (or
+        its error) from ``chord_ready``, written in this same transaction."""
+        # A fired chord's body may itself finish an outer chord (a chord error), so count
+        # until nothing is left to count.
+        while plan.chord_hits:
+            hits, plan.chord_hits = plan.chord_hits, []
+            self._write_plan(conn, plan)
+            plan = Plan(chord_hits=plan.chord_hits)
+            fired = [
+                r for r in self._all("decrement_chords", {"ids": hits}, conn) if r["remaining"] == 0
+            ]
+            for row in fired:
+                members = self._all("chord_member_results", {"ids": row["member_ids"]}, conn)
+                plan.extend(chord_ready(row, members))
+            if fired:
+                self._all("delete_chords", {"ids": [r["id"] for r in fired]}, conn)
+        self._write_plan(conn, plan)
 
     def save_group(self, group_id: str, result_ids: Sequence[str]) -> None:
         """Store a group's member ids (GroupResult.save)."""

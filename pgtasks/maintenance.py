@@ -1,7 +1,8 @@
 """Small services any worker may run, safe to run on all of them at once.
 
 - ``Reclaimer``: takes back expired leases (crashed or cut-off workers), logging the previous
-  owner; a task that has lost too many workers is dead-lettered ("worker lost"), never looped.
+  owner; a task that has lost too many workers is dead-lettered ("worker lost"), never looped,
+  and counted by its chord, if it belongs to one.
 - ``Pruner``: retention for finished rows and results.
 """
 
@@ -9,22 +10,29 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import psycopg
 import structlog
 
-from pgtasks.broker import Broker
+from pgtasks.broker import Broker, Plan, Row
 
 log = structlog.get_logger("pgtasks")
 
 
 class Reclaimer:
-    def __init__(self, broker: Broker, max_lost: int) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        max_lost: int,
+        chord_ready: Callable[[Row, list[Row]], Plan] | None = None,
+    ) -> None:
         self.broker = broker
         self.max_lost = max_lost
+        self.chord_ready = chord_ready
 
     def run_once(self) -> int:
-        rows = self.broker.reclaim(self.max_lost)
+        rows = self.broker.reclaim(self.max_lost, chord_ready=self.chord_ready)
         for row in rows:
             event = "task.dead_lettered" if row["status"] == "DEAD" else "lease.reclaimed"
             log.warning(

@@ -305,7 +305,7 @@ SELECT s.id, s.slot, s.slot > now() AS deferred FROM slots AS s
 -- name: reclaim_expired
 -- Take back rows whose lease ran out (their worker died or lost the database): PENDING again,
 -- or DEAD with reason "worker lost" once the task has lost %(max_lost)s workers. Returns the
--- previous owner for the log.
+-- previous owner for the log, and the chord a finished row belongs to (for its counter).
 WITH expired AS (
     SELECT id, claimed_by, attempt, lease_until
       FROM {schema}.tasks
@@ -322,14 +322,15 @@ WITH expired AS (
            run_at = now(), claimed_by = NULL, lease_until = NULL, updated_at = now()
       FROM expired AS e
      WHERE t.id = e.id
-    RETURNING t.id, t.name, t.queue, t.status, t.attempt, t.retries, e.claimed_by AS previous_owner
+    RETURNING t.id, t.name, t.queue, t.status, t.attempt, t.retries, e.claimed_by AS previous_owner,
+              t.headers ->> 'chord' AS chord
 ), history AS (
     INSERT INTO {schema}.attempts (task_id, attempt, worker, outcome, error)
     SELECT d.id, d.attempt, d.previous_owner, 'lost', 'lease expired'
       FROM done AS d
     ON CONFLICT DO NOTHING
 )
-SELECT id, name, queue, status, attempt, retries, previous_owner FROM done
+SELECT id, name, queue, status, attempt, retries, previous_owner, chord FROM done
 
 -- name: revoke
 -- Cancel a task: PENDING becomes CANCELLED at once; RUNNING gets cancel_requested, which blocks a

@@ -139,7 +139,7 @@ class Worker:
             broker, self.id, self.lease, self._owned, self._lost, self._cancel
         )
         self.maintenance = Maintenance(
-            Reclaimer(broker, s.max_lost_attempts),
+            Reclaimer(broker, s.max_lost_attempts, self.completer.chord_ready),
             Pruner(broker, s.finished_task_retention, s.result_expires),
             interval=min(max(self.lease / 3.0, 0.2), 10.0),
         )

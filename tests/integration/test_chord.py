@@ -13,7 +13,9 @@ import psycopg
 import pytest
 
 from pgtasks import Celery, chord, group
+from pgtasks.canvas import chord_body_builder
 from pgtasks.exceptions import ChordError
+from tests.apps.harness import expire_lease
 from tests.conftest import running_worker
 
 TIMEOUT = 60
@@ -175,7 +177,7 @@ def test_concurrent_last_members_fire_the_body_once(
     """Two transactions finishing the last two members at the same moment: the row lock on
     the counter orders them, so exactly one sees zero."""
     from pgtasks.broker import Success
-    from pgtasks.canvas import after_success, chord_body_builder
+    from pgtasks.canvas import after_success
     from pgtasks.serialization import encode
     from pgtasks.worker.execute import Job
 
@@ -229,3 +231,23 @@ def test_member_that_expires_before_running_still_counts(
     with workers(pg_dsn, schema, bodies, 1), pytest.raises(ChordError):
         res.get(timeout=TIMEOUT, follow_parents=False)
     assert bodies == []
+
+
+def test_member_dead_lettered_by_the_reclaimer_still_counts(
+    capp: Celery, db: psycopg.Connection[Any]
+) -> None:
+    """A member whose workers all died is dead-lettered by the reclaimer, not by a worker: the
+    chord counts it in the same transaction and records its error."""
+    square, collect = capp.tasks["square"], capp.tasks["collect"]
+    res = chord([square.s(1), square.s(2)], collect.s()).apply_async()
+    claimed = capp.broker.claim("gone@host", ["celery"], 10, 30.0)
+    assert len(claimed) == 2
+    for row in claimed:
+        expire_lease(db, row.id)
+    reclaimed = capp.broker.reclaim(1, chord_ready=chord_body_builder(capp))
+    assert {r["status"] for r in reclaimed} == {"DEAD"}
+    assert all(r["chord"] for r in reclaimed)
+    with pytest.raises(ChordError, match="worker lost"):
+        res.get(timeout=5, follow_parents=False)
+    assert db.execute("SELECT count(*) FROM chords").fetchone() == (0,)
+    assert db.execute("SELECT count(*) FROM tasks WHERE name = 'collect'").fetchone() == (0,)
