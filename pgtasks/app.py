@@ -155,6 +155,14 @@ class Celery:
         self.include = list(include or [])
         self.tasks: dict[str, Task[Any, Any]] = {}
         self.control = Control(self)
+        from pgtasks.signals import Signal
+
+        #: Celery's app signals, sent once (with ``sender=app``) before the app is first used
+        #: to run or schedule tasks: the place for ``sender.add_periodic_task(...)``.
+        self.on_configure = Signal(name="app.on_configure")
+        self.on_after_configure = Signal(name="app.on_after_configure")
+        self.on_after_finalize = Signal(name="app.on_after_finalize")
+        self._finalized = False
         self._settings: config.Settings | None = None
         self._settings_key: tuple[tuple[str, str], ...] | None = None
         self._broker: Broker | None = None
@@ -350,8 +358,43 @@ class Celery:
     ) -> AsyncResult:
         """Enqueue a task by name, without importing its code (the worker must know it)."""
         self._bind_shared()
-        task: Task[Any, Any] = self.tasks.get(name) or Task(self, _not_here(name), name, False)
+        task: Task[Any, Any] = self.tasks.get(name) or self.task_stub(name)
         return task.apply_async(args, kwargs, **options)
+
+    def task_stub(self, name: str) -> Task[Any, Any]:
+        """A stand-in for a task this process has not imported: it can be enqueued by name
+        (``send_task``, periodic entries), not run."""
+        return Task(self, _not_here(name), name, False)
+
+    def finalize(self) -> None:
+        """Bind shared tasks and send ``on_after_configure`` and ``on_after_finalize`` (once).
+
+        Workers and schedulers call it before they start, so receivers that add periodic
+        tasks have run by then, as in Celery.
+        """
+        with self._lock:
+            if self._finalized:
+                return
+            self._finalized = True
+        self._bind_shared()
+        self.on_configure.send(sender=self)
+        self.on_after_configure.send(sender=self, source=self.conf)
+        self.on_after_finalize.send(sender=self)
+
+    def add_periodic_task(
+        self,
+        schedule: Any,
+        sig: Any,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        **options: Any,
+    ) -> str:
+        """Add a ``beat_schedule`` entry calling ``sig`` on ``schedule`` (a crontab, a
+        timedelta or seconds); returns the entry's name."""
+        from pgtasks.scheduler import add_periodic_task
+
+        return add_periodic_task(self, schedule, sig, args, kwargs, name, **options)
 
     def AsyncResult(self, id: str, task_name: str | None = None) -> AsyncResult:
         """A handle on the result of the task with this id."""

@@ -253,6 +253,47 @@ class Broker:
         with _storage_errors(None):
             self._all("insert_tasks", cols, conn)
 
+    # -- periodic tasks ----------------------------------------------------------------------
+
+    def sync_schedule(
+        self, entries: Sequence[tuple[str, str, str]], now: datetime | None = None
+    ) -> None:
+        """Record periodic entries ``(name, task, schedule text)``."""
+        if not entries:
+            return
+        self._all(
+            "sync_schedule",
+            {
+                "names": [e[0] for e in entries],
+                "tasks": [e[1] for e in entries],
+                "schedules": [e[2] for e in entries],
+                "now": now,
+            },
+        )
+
+    def schedule_state(
+        self, names: Sequence[str]
+    ) -> tuple[datetime, dict[str, tuple[datetime | None, datetime]]]:
+        """The database clock, and name -> (last tick, created) for the recorded entries."""
+        row = self._one("schedule_state", {"names": list(names)})
+        assert row is not None
+        found = zip(row["names"] or (), row["last_ticks"] or (), row["created"] or (), strict=True)
+        return row["now"], {name: (last, created) for name, last, created in found}
+
+    def enqueue_tick(
+        self, msg: TaskMessage, entry: str, tick_at: datetime, next_tick: datetime
+    ) -> bool:
+        """Enqueue one periodic tick's task unless another scheduler already did."""
+        params = self._params(msg)
+        params.update(entry=entry, tick_at=tick_at, next_tick=next_tick)
+        with _storage_errors(msg.id):
+            row = self._one("enqueue_tick", params)
+        return bool(row and row["enqueued"])
+
+    def schedule_entries(self) -> list[Row]:
+        """Every recorded periodic entry with its last and next tick."""
+        return self._all("schedule_entries", {})
+
     # -- the worker's statements -------------------------------------------------------------
 
     def claim(

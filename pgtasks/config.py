@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -41,6 +41,7 @@ CELERY_NAMES: dict[str, str] = {
     "task_acks_late": "acks_late",
     "task_reject_on_worker_lost": "reject_on_worker_lost",
     "task_track_started": "track_started",
+    "beat_max_loop_interval": "beat_max_interval",
     "worker_disable_rate_limits": "disable_rate_limits",
 }
 
@@ -132,6 +133,19 @@ class Settings(BaseSettings):
     track_started: bool = Field(
         default=False,
         description="Accepted for Celery compatibility: a running task always reads STARTED.",
+    )
+    beat_max_interval: float = Field(
+        default=5.0, gt=0, description="Longest sleep of a scheduler between two passes."
+    )
+    beat_grace: float = Field(
+        default=60.0,
+        ge=0,
+        description="Seconds late a tick may be and still run under the 'skip' missed-tick policy.",
+    )
+    beat_missed_ticks: Literal["once", "skip", "all"] = Field(
+        default="once",
+        description="What a periodic entry does with ticks missed while no scheduler ran: "
+        "'once' (run the latest once), 'skip', or 'all' (catch up).",
     )
     max_tasks_per_child: int | None = Field(
         default=None, ge=1, description="Tasks a prefork child runs before it is replaced."

@@ -52,6 +52,12 @@ def _queues(value: str | None) -> list[str] | None:
     help="Seconds to finish running tasks on SIGTERM.",
 )
 @click.option(
+    "-B",
+    "--beat",
+    is_flag=True,
+    help="Also schedule periodic tasks (beat_schedule); safe on every worker at once.",
+)
+@click.option(
     "--prefetch-multiplier",
     type=click.IntRange(min=1),
     help="Claim up to this many tasks per slot (default 1: never more than free slots).",
@@ -74,6 +80,7 @@ def worker(
     burst: bool,
     shutdown_grace: float | None,
     prefetch_multiplier: int | None,
+    beat: bool,
     **celery_flags: Any,
 ) -> None:
     """Claim and run tasks until stopped (SIGTERM: finish running tasks; again: stop now).
@@ -82,6 +89,7 @@ def worker(
     Examples:
       pgtasks -A proj worker -l INFO
       pgtasks -A proj worker -c 8 -P threads -Q celery,io
+      pgtasks -A proj worker -B          # and run beat_schedule (on any number of hosts)
     """
     from pgtasks.worker import Worker
 
@@ -107,6 +115,7 @@ def worker(
             burst=burst,
             shutdown_grace=shutdown_grace,
             prefetch_multiplier=prefetch_multiplier,
+            beat=beat,
             **flags.worker_options(),
         ).run()
 

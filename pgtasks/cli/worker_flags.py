@@ -6,7 +6,7 @@ Implemented: ``--time-limit``, ``--soft-time-limit``, ``--max-tasks-per-child`` 
 ``--pidfile``, ``--umask``, and ``--autoscale MAX,MIN`` (runs MAX: the pool does not resize).
 ``-D``/``--detach`` is refused with a pointer to a process supervisor. The rest have no meaning
 without a message broker (events, gossip, mingle, state files) and are accepted, hidden from
-``--help``, and ignored; those a user might rely on (``-B``, ``--uid``/``--gid``,
+``--help``, and ignored; those a user might rely on (``--uid``/``--gid``,
 ``--max-memory-per-child``) are named in a warning at start.
 """
 
@@ -28,7 +28,6 @@ log = structlog.get_logger("pgtasks")
 
 #: Flags that change behaviour under Celery but are ignored here, worth a warning when given.
 _WARN_IGNORED = {
-    "beat": "-B/--beat (run `pgtasks beat` as its own process)",
     "uid": "--uid (run the worker as the right user instead)",
     "gid": "--gid (run the worker as the right group instead)",
     "max_memory_per_child": "--max-memory-per-child",
@@ -74,7 +73,6 @@ _OPTIONS: list[Callable[[F], F]] = [
     _hidden("-O", "optimization"),
     _hidden("--disable-prefetch", is_flag=True),
     _hidden("-S", "--statedb"),
-    _hidden("-B", "--beat", is_flag=True),
     _hidden("-s", "--schedule-filename", "--schedule", "schedule_filename"),
     _hidden("--scheduler"),
     _hidden("--max-memory-per-child", type=int),

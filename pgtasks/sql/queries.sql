@@ -543,3 +543,57 @@ SELECT id
  WHERE status = 'CANCELLED' OR (cancel_requested AND status = 'RUNNING')
  ORDER BY updated_at DESC, id
  LIMIT %(limit)s
+
+-- name: sync_schedule
+-- Record a scheduler's periodic entries; a new entry's first tick is the first after now (or
+-- after %(now)s, a scheduler's injected clock). Changed entries keep their last tick.
+INSERT INTO {schema}.schedule_entries AS e (name, task, schedule, created_at)
+SELECT n.name, n.task, n.schedule, COALESCE(%(now)s::timestamptz, now())
+  FROM unnest(%(names)s::text[], %(tasks)s::text[], %(schedules)s::text[])
+    AS n(name, task, schedule)
+ ORDER BY n.name
+ON CONFLICT (name) DO UPDATE
+   SET task = EXCLUDED.task, schedule = EXCLUDED.schedule, updated_at = now()
+ WHERE e.task IS DISTINCT FROM EXCLUDED.task OR e.schedule IS DISTINCT FROM EXCLUDED.schedule
+
+-- name: schedule_state
+-- The database clock and each entry's last enqueued tick, for one scheduler pass.
+SELECT now() AS now, array_agg(name) AS names, array_agg(last_tick) AS last_ticks,
+       array_agg(created_at) AS created
+  FROM {schema}.schedule_entries
+ WHERE name = ANY(%(names)s::text[])
+
+-- name: enqueue_tick
+-- One periodic tick: the (entry, tick) row and its task in one statement. Only the scheduler
+-- whose tick row goes in inserts the task; the others find the tick taken and insert nothing.
+WITH tick AS (
+    INSERT INTO {schema}.schedule_ticks (name, tick_at, task_id)
+    VALUES (%(entry)s, %(tick_at)s, %(id)s)
+    ON CONFLICT DO NOTHING
+    RETURNING task_id
+), entry AS (
+    UPDATE {schema}.schedule_entries
+       SET last_tick = GREATEST(last_tick, %(tick_at)s::timestamptz),
+           next_tick = GREATEST(next_tick, %(next_tick)s::timestamptz), updated_at = now()
+     WHERE name = %(entry)s
+), task AS (
+    INSERT INTO {schema}.tasks
+        (id, name, queue, priority, run_at, expires_at, content_type, content_encoding,
+         payload, payload_raw, headers, max_retries)
+    SELECT %(id)s, %(name)s, %(queue)s, %(priority)s,
+           COALESCE(%(eta)s::timestamptz,
+                    now() + make_interval(secs => COALESCE(%(countdown)s::float8, 0))),
+           COALESCE(%(expires_at)s::timestamptz,
+                    now() + make_interval(secs => %(expires_in)s::float8)),
+           %(content_type)s, %(content_encoding)s, %(payload)s::json, %(payload_raw)s::bytea,
+           %(headers)s::jsonb, %(max_retries)s
+      FROM tick
+    RETURNING id
+)
+SELECT count(*)::int AS enqueued FROM task
+
+-- name: schedule_entries
+-- Every recorded periodic entry, for `pgtasks beat --list`.
+SELECT name, task, schedule, last_tick, next_tick, created_at, updated_at
+  FROM {schema}.schedule_entries
+ ORDER BY name

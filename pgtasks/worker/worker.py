@@ -26,6 +26,7 @@ from pgtasks.exceptions import NotRegistered
 from pgtasks.maintenance import Maintenance, Pruner, Reclaimer
 from pgtasks.message import ClaimedTask
 from pgtasks.result import exception_to_dict
+from pgtasks.scheduler import BeatService, Scheduler
 from pgtasks.serialization import decode, encode
 from pgtasks.states import Status
 from pgtasks.worker import execute as ex
@@ -74,6 +75,7 @@ class Worker:
         time_limit: float | None = None,
         soft_time_limit: float | None = None,
         max_tasks_per_child: int | None = None,
+        beat: bool = False,
     ) -> None:
         s = app.settings
         self.app = app
@@ -90,6 +92,8 @@ class Worker:
         self.listen = s.listen_notify if listen is None else listen
         self.migrate = migrate
         self.burst = burst
+        #: Also run the periodic task scheduler (``-B``); safe on every worker at once.
+        self.beat = beat
         self.shutdown_grace = s.shutdown_grace if shutdown_grace is None else shutdown_grace
         # The worker's defaults; a task's own option or a call's apply_async() limits win.
         self.time_limit = time_limit or s.task_time_limit
@@ -121,6 +125,7 @@ class Worker:
         app, s = self.app, self.app.settings
         signals.celeryd_init.send(sender=self.hostname, instance=self, conf=app.conf, options={})
         app.import_includes()
+        app.finalize()
         register_builtins(app)  # map, starmap and chunks run as Celery's built-in tasks
         self._prepare_schema()
         signals.celeryd_after_setup.send(sender=self.hostname, instance=self, conf=app.conf)
@@ -144,6 +149,8 @@ class Worker:
             interval=min(max(self.lease / 3.0, 0.2), 10.0),
         )
         threads: list[Any] = [self.completer, self.leases, self.maintenance]
+        if self.beat:
+            threads.append(BeatService(Scheduler(app)))
         if self.listen:
             self.listener = Listener(broker, set(self.queues), self._wake)
             threads.append(self.listener)
