@@ -1,6 +1,6 @@
 """Canvas: signatures, chain, group, chord, link, link_error, map/starmap/chunks."""
 
-from scenarios import WAIT, clean, outcome, scenario, token
+from scenarios import WAIT, clean, outcome, scenario, token, wait_state
 
 
 @scenario("signatures")
@@ -131,14 +131,17 @@ def chord_from_group_pipe(obs):
 
 @scenario("chord")
 def chord_member_fails(obs):
-    """A failing chord member: the callback never runs; get() raises an error naming it."""
+    """A failing chord member: the callback never runs; get() raises the member's error, and
+    once every member has finished the body's result is a ChordError naming it."""
     from celery import chord
 
     from proj.tasks import add, fail, tsum
 
     res = chord([add.s(1, 1), fail.s("chord member")])(tsum.s())
     obs["get"] = outcome(lambda: res.get(timeout=WAIT))
-    obs["state"] = res.state
+    # get() raises as soon as the member fails; the body's error is recorded when the last
+    # member has finished, so wait for it rather than read a state still on its way.
+    obs["state"] = wait_state(res, {"SUCCESS", "FAILURE", "REVOKED"}, timeout=WAIT)
     obs["info"] = {"result": clean(res.result)}
 
 
