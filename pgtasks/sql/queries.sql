@@ -392,7 +392,7 @@ DELETE FROM {schema}.tasks
    AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
 
 -- name: prune_finished
--- Retention: remove finished rows and old results past their age.
+-- Retention: remove finished rows and old results past their age, and week-old tick rows.
 WITH tasks_gone AS (
     DELETE FROM {schema}.tasks
      WHERE id IN (SELECT id FROM {schema}.tasks
@@ -400,6 +400,13 @@ WITH tasks_gone AS (
                      AND updated_at < now() - make_interval(secs => %(task_age)s::float8)
                    LIMIT %(limit)s)
     RETURNING 1
+), ticks_gone AS (
+    -- Tick rows only settle races between schedulers (seconds); each entry's last tick is
+    -- kept in schedule_entries, so a week of them is plenty.
+    DELETE FROM {schema}.schedule_ticks
+     WHERE (name, tick_at) IN (SELECT name, tick_at FROM {schema}.schedule_ticks
+                                WHERE enqueued_at < now() - interval '7 days'
+                                LIMIT %(limit)s)
 ), results_gone AS (
     DELETE FROM {schema}.results
      WHERE task_id IN (SELECT task_id FROM {schema}.results

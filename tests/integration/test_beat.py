@@ -243,3 +243,22 @@ def test_worker_with_beat_runs_the_schedule(
     with worker_factory(beat=True):
         wait_until(lambda: len(ran) >= 2, timeout=10, what="two ticks to run")
     assert len({t["tick_at"] for t in ticks(db, "fast")}) == len(ticks(db, "fast"))
+
+
+def test_week_old_tick_rows_are_pruned(
+    app: Celery, db: psycopg.Connection[Any], clock: Clock
+) -> None:
+    scheduler = Scheduler(periodic_app(app), now=clock)
+    scheduler.tick()
+    for _ in range(2):
+        clock.advance(minutes(1))
+        scheduler.tick()
+    db.execute(
+        "UPDATE schedule_ticks SET enqueued_at = now() - interval '8 days' "
+        "WHERE tick_at = (SELECT min(tick_at) FROM schedule_ticks)"
+    )
+    app.broker.prune(3600, 86400)
+    assert len(ticks(db, "minutely")) == 1
+    # The entry remembers its last tick, so nothing is enqueued again.
+    scheduler.tick()
+    assert job_count(db) == 2
