@@ -319,7 +319,7 @@ def _run(impl: str, out: Path, keep: bool) -> dict[str, Any]:
         workers.append(
             Worker(
                 "main",
-                [*base, "-P", "threads", "-c", "4", "-Q", MAIN_QUEUES, "-n", "main@%h"],
+                [*base, "-P", "threads", "-c", "4", "-Q", MAIN_QUEUES, "-n", "main@%h", "-B"],
                 env,
                 root,
             )

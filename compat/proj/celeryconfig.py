@@ -1,6 +1,9 @@
 """Settings, loaded with ``app.config_from_object("proj.celeryconfig")``."""
 
 import os
+from datetime import timedelta
+
+from celery.schedules import crontab
 
 broker_url = os.environ.get("COMPAT_BROKER_URL", "redis://127.0.0.1:6379/10")
 result_backend = os.environ.get("COMPAT_RESULT_BACKEND", "redis://127.0.0.1:6379/11")
@@ -21,3 +24,17 @@ broker_transport_options = {"queue_order_strategy": "priority"}
 
 # A setting of the project's own, read back by a task.
 compat_marker = "loaded-from-celeryconfig"
+
+# Periodic tasks, run by the main worker (-B).
+beat_schedule = {
+    "compat-every-second": {
+        "task": "proj.tasks.beat_tick",
+        "schedule": timedelta(seconds=1),
+        "args": ("beat-every-second",),
+    },
+    "compat-nightly": {
+        "task": "proj.tasks.beat_tick",
+        "schedule": crontab(minute=30, hour=3, day_of_week="mon-fri"),
+        "args": ("beat-nightly",),
+    },
+}

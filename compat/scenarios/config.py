@@ -1,5 +1,7 @@
 """Configuration: config_from_object, app.conf."""
 
+import itertools
+
 from scenarios import WAIT, outcome, scenario
 
 
@@ -42,3 +44,17 @@ def control_ping(obs):
         obs["info"] = {"replies": len(replies["value"])}
     else:
         obs["replied"] = replies
+
+
+@scenario("beat_schedule")
+def beat_schedule(obs):
+    """A ``beat_schedule`` entry every second (the worker runs with ``-B``): it keeps running,
+    about a second apart; a weekday crontab entry is accepted alongside it."""
+    from proj import journal
+
+    start = len(journal.read("beat-every-second"))
+    times = sorted(journal.wait("beat-every-second", start + 3, timeout=6))[start:]
+    obs["ran_three_more_times"] = len(times) >= 3
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    obs["about_a_second_apart"] = bool(gaps) and all(0.5 <= g <= 1.6 for g in gaps)
+    obs["info"] = {"gaps": [round(g, 2) for g in gaps]}
