@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import reprlib
 import threading
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+
+import structlog
 
 from pgtasks import exceptions, ratelimits, signals
 from pgtasks.exceptions import ImproperlyConfigured
@@ -54,6 +57,9 @@ class Task(Generic[P, R]):
     #: Celery's rate limit ("10/s", "100/m", "2/h" or tasks per second), held across every
     #: worker through the database. None: the app's ``task_default_rate_limit``.
     rate_limit: str | float | None = None
+    #: Keep arguments out of logs and ``inspect``: True hides them all; a list of keyword
+    #: names hides those values. A call's own ``argsrepr``/``kwargsrepr`` win.
+    redact: bool | Sequence[str] = False
 
     MaxRetriesExceededError = exceptions.MaxRetriesExceededError
 
@@ -229,6 +235,15 @@ class Task(Generic[P, R]):
         signals.send_before_publish(msg, args, kwargs)
         self.app.broker.enqueue(msg, conn=self._enqueue_conn(connection))
         signals.send_after_publish(msg, args, kwargs)
+        if structlog.is_configured():  # a library must not print when the host app did not ask
+            _log.debug(
+                "task.enqueued",
+                task_id=msg.id,
+                task_name=msg.name,
+                queue=msg.queue,
+                eta=msg.eta.isoformat() if msg.eta else None,
+                countdown=msg.countdown,
+            )
         result = self.app.AsyncResult(msg.id, task_name=self.name)
         result.ignored = bool(msg.headers.get("ignore_result"))
         return result
@@ -388,6 +403,13 @@ class Task(Generic[P, R]):
             if callbacks:
                 options.pop(key)
                 all_headers[key] = callbacks
+        argsrepr, kwargsrepr = options.pop("argsrepr", None), options.pop("kwargsrepr", None)
+        # A small payload has a small repr: the plain one is several times faster.
+        small = len(body.data) <= REPR_MAX
+        all_headers["argsrepr"] = argsrepr if argsrepr is not None else self._argsrepr(args, small)
+        all_headers["kwargsrepr"] = (
+            kwargsrepr if kwargsrepr is not None else self._kwargsrepr(kwargs, small)
+        )
         if options:
             # Celery options without a meaning here are accepted, so calling code keeps working.
             all_headers.setdefault("options", {k: v for k, v in options.items() if _is_plain(v)})
@@ -404,6 +426,19 @@ class Task(Generic[P, R]):
             expires_in=expires_in,
             max_retries=max_retries if max_retries is not None else self.max_retries,
         )
+
+    def _argsrepr(self, args: tuple[Any, ...], small: bool = False) -> str:
+        if self.redact is True:
+            return REDACTED
+        return _short_repr(args, small)
+
+    def _kwargsrepr(self, kwargs: dict[str, Any], small: bool = False) -> str:
+        if self.redact is True:
+            return REDACTED
+        if self.redact:
+            hidden = set(self.redact)
+            kwargs = {k: "***" if k in hidden else v for k, v in kwargs.items()}
+        return _short_repr(kwargs, small)
 
     def apply(
         self,
@@ -528,6 +563,26 @@ def _seconds(what: str, value: Any) -> float:
     if abs(seconds) > 100 * 365 * 86400:
         raise ValueError(f"{what} of {seconds} seconds is out of range")
     return seconds
+
+
+_log = structlog.get_logger("pgtasks")
+
+#: What logs and ``inspect`` show in place of redacted arguments.
+REDACTED = "'***'"
+#: Longest argsrepr/kwargsrepr kept with a row (Celery's argsrepr_maxsize).
+REPR_MAX = 1024
+_repr = reprlib.Repr()
+_repr.maxlevel, _repr.maxstring, _repr.maxother = 4, 200, 200
+_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 50
+
+
+def _short_repr(value: Any, small: bool = False) -> str:
+    """``repr`` for logs and ``inspect``, bounded in size like Celery's ``saferepr``."""
+    try:
+        text = repr(value) if small else _repr.repr(value)
+    except Exception as exc:  # a user type whose __repr__ fails must not stop the call
+        text = f"<unrepresentable {type(value).__name__}: {exc}>"
+    return text if len(text) <= REPR_MAX else text[: REPR_MAX - 3] + "..."
 
 
 def _aware(what: str, value: Any, zone: tzinfo) -> datetime:

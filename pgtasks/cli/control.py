@@ -118,8 +118,11 @@ def _body(row: dict[str, Any]) -> tuple[Any, Any]:
 
 def _request(row: dict[str, Any], worker: dict[str, Any] | None) -> dict[str, Any]:
     """A row in the shape of Celery's request info (``inspect active``)."""
-    args, kwargs = _body(row)
     headers = row.get("headers") or {}
+    # As in Celery, the call's argsrepr/kwargsrepr (redacted where the task says so).
+    args, kwargs = _body(row)
+    if "argsrepr" in headers:
+        args, kwargs = headers["argsrepr"], headers.get("kwargsrepr", kwargs)
     return {
         "id": row["id"],
         "name": row["name"],

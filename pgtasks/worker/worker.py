@@ -300,7 +300,16 @@ class Worker:
         """Hand claimed jobs to the pool while it has free slots."""
         while self._buffer and self.pool.free_slots() > 0:
             job = self._buffer.popleft()
-            self.log.debug("task.started", task_id=job.id, task_name=job.name, attempt=job.attempt)
+            self.log.debug(
+                "task.started",
+                task_id=job.id,
+                task_name=job.name,
+                queue=job.queue,
+                attempt=job.attempt,
+                retries=job.retries,
+                args=job.headers.get("argsrepr"),
+                kwargs=job.headers.get("kwargsrepr"),
+            )
             self.pool.submit(job, self._done)
 
     def _burst_done(self, claimed: list[ClaimedTask]) -> bool:
@@ -319,6 +328,7 @@ class Worker:
             attempt=row.attempt,
             retries=row.retries,
         )
+        tlog.debug("task.claimed")
         if self._stopping.is_set():
             self._settle(Release(row.id, row.attempt, 0.0, None))
             return None
@@ -463,6 +473,8 @@ class Worker:
                 "task.dead_lettered" if status == Status.DEAD else "task.failed",
                 error=o.error,
                 duration=round(o.runtime, 6),
+                args=row.headers.get("argsrepr"),
+                kwargs=row.headers.get("kwargsrepr"),
             )
             final = Failure(
                 row.id,

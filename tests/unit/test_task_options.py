@@ -379,3 +379,39 @@ def test_naive_retry_eta_is_utc(app: Celery) -> None:
     finally:
         again.pop_request()
     assert caught.value.when == datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
+
+
+# -- argsrepr / kwargsrepr ---------------------------------------------------------------------
+
+
+def test_arguments_are_shown_by_their_repr(task: Task[Any, Any]) -> None:
+    msg = task.build_message((1, "two"), {"three": [3]})
+    assert msg.headers["argsrepr"] == "(1, 'two')"
+    assert msg.headers["kwargsrepr"] == "{'three': [3]}"
+
+
+def test_a_call_can_give_its_own_reprs(task: Task[Any, Any]) -> None:
+    msg = task.build_message(("secret",), {}, argsrepr="('<token>',)", kwargsrepr="{}")
+    assert msg.headers["argsrepr"] == "('<token>',)"
+    assert "options" not in msg.headers, "argsrepr is a header of its own, as in Celery"
+
+
+def test_redacted_tasks_keep_secrets_out_of_the_reprs(app: Celery) -> None:
+    @app.task(name="opts.login", redact=True)
+    def login(user: str, password: str) -> None: ...
+
+    @app.task(name="opts.charge", redact=("card", "cvc"))
+    def charge(amount: int, card: str = "", cvc: str = "") -> None: ...
+
+    hidden = login.build_message(("ann", "hunter2"))
+    assert "hunter2" not in hidden.headers["argsrepr"] + hidden.headers["kwargsrepr"]
+    partly = charge.build_message((10,), {"card": "4111111111111111", "cvc": "123"})
+    assert partly.headers["argsrepr"] == "(10,)"
+    assert partly.headers["kwargsrepr"] == "{'card': '***', 'cvc': '***'}"
+
+
+def test_big_arguments_have_a_bounded_repr(task: Task[Any, Any]) -> None:
+    msg = task.build_message((list(range(100_000)),), {"blob": "x" * 50_000})
+    assert len(msg.headers["argsrepr"]) <= 1024
+    assert len(msg.headers["kwargsrepr"]) <= 1024
+    assert msg.headers["argsrepr"].startswith("([0, 1, 2")
