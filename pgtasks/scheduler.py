@@ -110,14 +110,33 @@ def due_ticks(
     if policy == "skip":
         # A tick exactly ``grace`` seconds late still runs.
         after = max(after, now - timedelta(seconds=grace, microseconds=1))
+    if policy == "all":
+        return _ticks_between(schedule, tz, after, now, limit)
+    # Only the latest tick counts: look for it in growing windows before now, so a long
+    # outage does not walk every tick it missed.
+    for window in _LATEST_WINDOWS:
+        start = after if window is None else max(after, now - window)
+        latest = _ticks_between(schedule, tz, start, now, None)[-1:]
+        if latest or start == after:
+            return latest
+    return []
+
+
+_LATEST_WINDOWS = (timedelta(hours=1), timedelta(days=2), timedelta(days=40), None)
+
+
+def _ticks_between(
+    schedule: BaseSchedule, tz: tzinfo, after: datetime, now: datetime, limit: int | None
+) -> list[datetime]:
+    """Ticks in ``(after, now]``, oldest first; with no ``limit``, only the last is kept."""
     found: list[datetime] = []
     tick = schedule.next_after(after, tz)
     while tick <= now:
         found.append(tick)
-        if policy == "all" and len(found) >= limit:
+        if limit is not None and len(found) >= limit:
             break
-        if policy != "all" and len(found) > 1:
-            found.pop(0)  # only the latest counts: keep the list short on long outages
+        if limit is None and len(found) > 1:
+            found.pop(0)
         tick = schedule.next_after(tick, tz)
     return found
 
@@ -175,9 +194,16 @@ class Scheduler:
         for entry in self.entries:
             last, created = state.get(entry.name, (None, now))
             after = last or created
-            for when in due_ticks(entry.schedule, self.tz, after, now, entry.missed, self.grace):
-                self._enqueue(entry, when)
-                after = when
+            try:
+                for when in due_ticks(
+                    entry.schedule, self.tz, after, now, entry.missed, self.grace
+                ):
+                    self._enqueue(entry, when)
+                    after = when
+            except Exception as exc:
+                # One entry that cannot be enqueued must not hold up the others.
+                log.warning("beat.error", entry=entry.name, error=str(exc).strip())
+                continue
             upcoming = entry.schedule.next_after(max(after, now), self.tz)
             wait = min(wait, (upcoming - now).total_seconds())
         return max(wait, 0.0)

@@ -311,7 +311,7 @@ import_modules = Signal(name="import_modules")
 
 # -- beat ------------------------------------------------------------------------------------------
 
-#: sender: the beat service. Not sent yet.
+#: sender: the scheduler (``pgtasks beat`` or a worker's ``-B``), when it starts.
 beat_init = Signal(name="beat_init")
 #: sender: the beat service embedded in a worker. Not sent yet.
 beat_embedded_init = Signal(name="beat_embedded_init")
