@@ -668,6 +668,211 @@ class Broker:
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(result_channel(self.schema))))
         return conn
 
+    # -- operators ---------------------------------------------------------------------------
+
+    def queue_stats(
+        self, window_seconds: float = 300.0, queues: Sequence[str] | None = None
+    ) -> list[Row]:
+        """What each queue holds and how fast it drains, in one statement.
+
+        One dict per queue that has any row (only ``queues`` when given), by queue name:
+        ``queue``, ``pending_due`` (PENDING, run_at passed), ``scheduled`` (PENDING, run_at in
+        the future), ``running``, ``expired_leases`` (RUNNING past lease_until: their worker is
+        gone or cut off), ``dead``, ``completed``/``failed``/``cancelled`` (rows that finished
+        within the window), ``oldest_due_age`` (seconds the oldest due PENDING row has waited
+        since its run_at; None when nothing is due), ``finished_attempts`` (attempts that ended
+        within the window) and ``throughput`` (those attempts per minute).
+        """
+        rows = self._all(
+            "queue_stats",
+            {"window": window_seconds, "queues": list(queues) if queues else None},
+        )
+        for row in rows:
+            row["throughput"] = row["finished_attempts"] * 60.0 / window_seconds
+        return rows
+
+    def dead_letters(
+        self,
+        limit: int = 50,
+        offset: int = 0,
+        task_name: str | None = None,
+        queue: str | None = None,
+    ) -> list[Row]:
+        """Dead-lettered rows, newest first: dicts of ``id``, ``name``, ``queue``, ``error``,
+        ``attempt``, ``retries`` and ``updated_at`` (when it was dead-lettered)."""
+        return self._all(
+            "dead_letters",
+            {"limit": limit, "offset": offset, "name": task_name, "queue": queue},
+        )
+
+    def dead_letter(self, task_id: str) -> Row | None:
+        """One dead-lettered row as :meth:`task_detail` returns it; None unless it is DEAD."""
+        found = self.task_detail(task_id)
+        return found if found is not None and found["status"] == "DEAD" else None
+
+    def requeue_dead(
+        self,
+        ids: Sequence[str] | None = None,
+        task_name: str | None = None,
+        all: bool = False,
+        *,
+        by: str = "operator",
+        chunk: int = 1000,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Put dead letters back in their queue, due now; returns how many were requeued.
+
+        The given ``ids`` (sent ``chunk`` at a time), or with ``all`` every row dead when the
+        call starts (``task_name`` narrows either), ``chunk`` rows per statement. Only rows still
+        DEAD change. Each gets a fresh budget: ``retries`` is 0, and ``attempt`` moves one past
+        the last into ``requeued_attempt``, from which the reclaimer counts lost workers again;
+        the attempt history keeps its rows and gains a ``requeued`` row (worker ``by``, the last
+        error). The stored result is dropped, so the task's result reads PENDING until it runs.
+        ``progress`` is called with the running total after each statement.
+        """
+        return self._chunked("requeue_dead", ids, task_name, all, chunk, progress, {"by": by})
+
+    def discard_dead(
+        self,
+        ids: Sequence[str] | None = None,
+        task_name: str | None = None,
+        all: bool = False,
+        *,
+        chunk: int = 1000,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Delete dead letters and their stored results; returns how many were deleted.
+
+        Selection, chunking, fencing and ``progress`` as in :meth:`requeue_dead`. The attempt
+        history stays.
+        """
+        return self._chunked("discard_dead", ids, task_name, all, chunk, progress, {})
+
+    def _chunked(
+        self,
+        name: str,
+        ids: Sequence[str] | None,
+        task_name: str | None,
+        everything: bool,
+        chunk: int,
+        progress: Callable[[int], None] | None,
+        extra: dict[str, Any],
+    ) -> int:
+        if ids is None and task_name is None and not everything:
+            raise ValueError("give task ids, a task name, or all=True")
+        total = 0
+        if ids is not None:
+            wanted = list(ids)
+            for start in range(0, len(wanted), chunk):
+                batch = {"ids": wanted[start : start + chunk], "name": task_name}
+                row = self._one(name, {**batch, "until": None, "limit": None, **extra})
+                total += int(row["n"]) if row else 0
+                if progress is not None:
+                    progress(total)
+            return total
+        # Rows dead-lettered after the first statement are left for another call, so a task
+        # that keeps dying cannot keep this loop going.
+        until: datetime | None = None
+        while True:
+            row = self._one(
+                name, {"ids": None, "name": task_name, "until": until, "limit": chunk, **extra}
+            )
+            assert row is not None
+            until = row["until"]
+            total += int(row["n"])
+            if progress is not None:
+                progress(total)
+            if int(row["n"]) < chunk:
+                return total
+
+    def health_report(
+        self, window_seconds: float = 60.0, live_within: float = 30.0, timeout: float | None = None
+    ) -> Row:
+        """One statement on a connection of its own (opened within ``timeout`` seconds, default
+        the broker's ``connect_timeout``), for probes: a psycopg error means unhealthy.
+
+        Returns ``now`` (database time), ``oldest_due_age`` (seconds the oldest due PENDING row
+        has waited; None when none is due), ``expired_leases``, ``dead_total``, ``dead_recent``
+        (rows dead-lettered within ``window_seconds``), ``dead_per_minute`` (``dead_recent`` per
+        minute) and ``live_workers`` (heartbeat within ``live_within`` seconds).
+        """
+        wait = self.connect_timeout if timeout is None else timeout
+        with psycopg.connect(
+            self.dsn, autocommit=True, connect_timeout=max(1, round(wait))
+        ) as conn:
+            row = self._one(
+                "health_report", {"window": window_seconds, "within": live_within}, conn
+            )
+        assert row is not None
+        row["dead_per_minute"] = row["dead_recent"] * 60.0 / window_seconds
+        return row
+
+    def task_list(
+        self,
+        state: str | None = None,
+        queue: str | None = None,
+        name: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> list[Row]:
+        """Task rows, most recently changed first; ``state`` is a row status (PENDING, RUNNING,
+        COMPLETED, FAILED, CANCELLED, DEAD), ``since``/``until`` bound ``updated_at``.
+
+        Dicts of ``id``, ``name``, ``queue``, ``priority``, ``status``, ``run_at``, ``attempt``,
+        ``retries``, ``max_retries``, ``claimed_by``, ``lease_until``, ``error``, ``created_at``
+        and ``updated_at``.
+        """
+        return self._all(
+            "task_list",
+            {
+                "status": state,
+                "queue": queue,
+                "name": name,
+                "since": since,
+                "until": until,
+                "limit": limit,
+                "offset": offset,
+            },
+        )
+
+    def task_detail(self, task_id: str) -> Row | None:
+        """Everything about one task, or None when its row is gone.
+
+        The row's columns (``payload`` as JSON text for json payloads, else None with
+        ``payload_raw_bytes`` the binary payload's size), ``result_state`` and
+        ``result_date_done`` (the stored result's, or None), and ``attempts``: the run history,
+        oldest first, as dicts of ``attempt``, ``worker``, ``started_at``, ``finished_at``,
+        ``outcome`` (completed, failed, dead, cancelled, retry, lost, rejected, ignored,
+        requeued) and ``error``.
+        """
+        row = self._one("task_detail", {"id": task_id})
+        if row is None:
+            return None
+        row["attempts"] = self._all("task_attempts", {"id": task_id})
+        return row
+
+    def overview(self, window_seconds: float = 3600.0, live_within: float = 30.0) -> Row:
+        """The dashboard's front page.
+
+        ``minutes``: dicts of ``minute`` (start of the minute), ``outcome`` and ``n``, attempts
+        finished per minute and outcome within the window, oldest first (minutes without any
+        are absent); ``totals``: status -> rows, every PENDING, RUNNING and DEAD row and the
+        COMPLETED, FAILED and CANCELLED rows finished within the window (statuses without rows
+        are 0); ``workers``: the live workers as :meth:`live_workers` returns them.
+        """
+        params = {"window": window_seconds}
+        totals = dict.fromkeys(
+            ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "DEAD"), 0
+        )
+        totals.update({row["status"]: int(row["n"]) for row in self._all("status_totals", params)})
+        return {
+            "minutes": self._all("finished_per_minute", params),
+            "totals": totals,
+            "workers": self.live_workers(live_within),
+        }
+
 
 @contextmanager
 def _storage_errors(task_id: str | None) -> Iterator[None]:

@@ -50,6 +50,9 @@ class ClaimedTask:
     expires_at: datetime | None
     expired: bool
     created_at: datetime
+    #: The attempt a dead-letter requeue started from (0 if never requeued): workers lost
+    #: before it do not count against the task's budget any more.
+    requeued_attempt: int = 0
 
     @property
     def body(self) -> bytes | str:

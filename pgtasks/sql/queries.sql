@@ -63,7 +63,7 @@ RETURNING t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries
           t.content_type, t.content_encoding, t.payload::text AS payload, t.payload_raw,
           t.headers, t.run_at, t.expires_at,
           (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
-          t.created_at
+          t.created_at, t.requeued_attempt
 
 -- name: renew_leases
 -- Extend the lease of every task this worker still owns; a row missing from the result was lost.
@@ -304,8 +304,9 @@ SELECT s.id, s.slot, s.slot > now() AS deferred FROM slots AS s
 
 -- name: reclaim_expired
 -- Take back rows whose lease ran out (their worker died or lost the database): PENDING again,
--- or DEAD with reason "worker lost" once the task has lost %(max_lost)s workers. Returns the
--- previous owner for the log, and the chord a finished row belongs to (for its counter).
+-- or DEAD with reason "worker lost" once the task has lost %(max_lost)s workers (since its last
+-- requeue from the dead letters, if any). Returns the previous owner for the log, and the chord
+-- a finished row belongs to (for its counter).
 WITH expired AS (
     SELECT id, claimed_by, attempt, lease_until
       FROM {schema}.tasks
@@ -316,7 +317,8 @@ WITH expired AS (
 ), done AS (
     UPDATE {schema}.tasks AS t
        SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED'
-                         WHEN t.attempt - t.retries >= %(max_lost)s THEN 'DEAD'
+                         WHEN t.attempt - t.requeued_attempt - t.retries >= %(max_lost)s
+                              THEN 'DEAD'
                          ELSE 'PENDING' END,
            error = 'worker lost: lease of ' || e.claimed_by || ' expired at ' || e.lease_until::text,
            run_at = now(), claimed_by = NULL, lease_until = NULL, updated_at = now()
@@ -604,3 +606,210 @@ SELECT count(*)::int AS enqueued FROM task
 SELECT name, task, schedule, last_tick, next_tick, created_at, updated_at
   FROM {schema}.schedule_entries
  ORDER BY name
+
+-- Operators: queue stats, dead letters, health, and the dashboard's task views. --------------
+
+-- name: queue_stats
+-- Per queue: due and scheduled PENDING rows, the oldest due row's wait, RUNNING rows and expired
+-- leases, DEAD rows, rows finished within the window and attempts finished within it. Each part
+-- reads a partial index (the attempts part, the history's finished_at index).
+WITH pending AS (
+    SELECT queue,
+           count(*) FILTER (WHERE run_at <= now()) AS pending_due,
+           count(*) FILTER (WHERE run_at > now()) AS scheduled,
+           min(run_at) FILTER (WHERE run_at <= now()) AS oldest_due
+      FROM {schema}.tasks
+     WHERE status = 'PENDING'
+       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+     GROUP BY queue
+), running AS (
+    SELECT queue, count(*) AS running, count(*) FILTER (WHERE lease_until < now()) AS expired_leases
+      FROM {schema}.tasks
+     WHERE status = 'RUNNING'
+       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+     GROUP BY queue
+), dead AS (
+    SELECT queue, count(*) AS dead
+      FROM {schema}.tasks
+     WHERE status = 'DEAD'
+       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+     GROUP BY queue
+), finished AS (
+    SELECT queue,
+           count(*) FILTER (WHERE status = 'COMPLETED') AS completed,
+           count(*) FILTER (WHERE status = 'FAILED') AS failed,
+           count(*) FILTER (WHERE status = 'CANCELLED') AS cancelled
+      FROM {schema}.tasks
+     WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED')
+       AND updated_at > now() - make_interval(secs => %(window)s::float8)
+       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+     GROUP BY queue
+), ran AS (
+    SELECT t.queue, count(*) AS finished_attempts
+      FROM {schema}.attempts AS a
+      JOIN {schema}.tasks AS t ON t.id = a.task_id
+     WHERE a.finished_at > now() - make_interval(secs => %(window)s::float8)
+       AND a.outcome <> 'requeued'
+       AND (%(queues)s::text[] IS NULL OR t.queue = ANY(%(queues)s::text[]))
+     GROUP BY t.queue
+), names AS (
+    SELECT queue FROM pending UNION SELECT queue FROM running UNION SELECT queue FROM dead
+    UNION SELECT queue FROM finished UNION SELECT queue FROM ran
+)
+SELECT n.queue,
+       COALESCE(p.pending_due, 0)::int AS pending_due,
+       COALESCE(p.scheduled, 0)::int AS scheduled,
+       COALESCE(r.running, 0)::int AS running,
+       COALESCE(r.expired_leases, 0)::int AS expired_leases,
+       COALESCE(d.dead, 0)::int AS dead,
+       COALESCE(f.completed, 0)::int AS completed,
+       COALESCE(f.failed, 0)::int AS failed,
+       COALESCE(f.cancelled, 0)::int AS cancelled,
+       extract(epoch FROM now() - p.oldest_due)::float8 AS oldest_due_age,
+       COALESCE(x.finished_attempts, 0)::int AS finished_attempts
+  FROM names AS n
+  LEFT JOIN pending AS p USING (queue)
+  LEFT JOIN running AS r USING (queue)
+  LEFT JOIN dead AS d USING (queue)
+  LEFT JOIN finished AS f USING (queue)
+  LEFT JOIN ran AS x USING (queue)
+ ORDER BY n.queue
+
+-- name: dead_letters
+-- Dead-lettered rows, newest first, optionally of one task name and/or queue.
+SELECT id, name, queue, error, attempt, retries, updated_at
+  FROM {schema}.tasks
+ WHERE status = 'DEAD'
+   AND (%(name)s::text IS NULL OR name = %(name)s::text)
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+ ORDER BY updated_at DESC, id
+ LIMIT %(limit)s OFFSET %(offset)s
+
+-- name: task_detail
+-- One task row, every column an operator reads, with its stored result's state (if kept).
+SELECT t.id, t.name, t.queue, t.priority, t.status, t.run_at, t.expires_at, t.attempt, t.retries,
+       t.max_retries, t.requeued_attempt, t.claimed_by, t.lease_until, t.cancel_requested,
+       t.error, t.traceback, t.headers, t.content_type, t.content_encoding,
+       t.payload::text AS payload, octet_length(t.payload_raw) AS payload_raw_bytes,
+       t.created_at, t.updated_at,
+       r.state AS result_state, r.date_done AS result_date_done
+  FROM {schema}.tasks AS t
+  LEFT JOIN {schema}.results AS r ON r.task_id = t.id
+ WHERE t.id = %(id)s
+
+-- name: task_attempts
+-- A task's run history, oldest first.
+SELECT attempt, worker, started_at, finished_at, outcome, error
+  FROM {schema}.attempts
+ WHERE task_id = %(id)s
+ ORDER BY attempt
+
+-- name: requeue_dead
+-- Dead letters back to PENDING, due now, with a fresh budget: retries 0, and the attempt moved
+-- one past the last (never back: it is the fencing token) and recorded as requeued_attempt, from
+-- which lost-worker accounting restarts. Fenced on status = 'DEAD', so a row anything else has
+-- changed is left alone. The attempt history gains a 'requeued' row; the old result is dropped so
+-- the task reads PENDING again. Either the given ids, or (chunked) rows dead at %(until)s.
+WITH picked AS (
+    SELECT id
+      FROM {schema}.tasks
+     WHERE status = 'DEAD'
+       AND (%(ids)s::text[] IS NULL OR id = ANY(%(ids)s::text[]))
+       AND (%(name)s::text IS NULL OR name = %(name)s::text)
+       AND updated_at <= COALESCE(%(until)s::timestamptz, now())
+     ORDER BY updated_at, id
+     LIMIT %(limit)s
+       FOR UPDATE
+), done AS (
+    UPDATE {schema}.tasks AS t
+       SET status = 'PENDING', run_at = now(), retries = 0,
+           attempt = t.attempt + 1, requeued_attempt = t.attempt + 1,
+           headers = t.headers - 'rate_slot',
+           claimed_by = NULL, lease_until = NULL, updated_at = now()
+      FROM picked
+     WHERE t.id = picked.id AND t.status = 'DEAD'
+    RETURNING t.id, t.attempt, t.error
+), history AS (
+    INSERT INTO {schema}.attempts (task_id, attempt, worker, started_at, outcome, error)
+    SELECT d.id, d.attempt, %(by)s, now(), 'requeued', d.error
+      FROM done AS d
+    ON CONFLICT DO NOTHING
+), result_gone AS (
+    DELETE FROM {schema}.results WHERE task_id IN (SELECT id FROM done)
+)
+SELECT (SELECT count(*) FROM done)::int AS n, COALESCE(%(until)s::timestamptz, now()) AS until
+
+-- name: discard_dead
+-- Delete dead letters and their stored results (the attempt history stays). Fenced on
+-- status = 'DEAD'. Either the given ids, or (chunked) rows dead at %(until)s.
+WITH picked AS (
+    SELECT id
+      FROM {schema}.tasks
+     WHERE status = 'DEAD'
+       AND (%(ids)s::text[] IS NULL OR id = ANY(%(ids)s::text[]))
+       AND (%(name)s::text IS NULL OR name = %(name)s::text)
+       AND updated_at <= COALESCE(%(until)s::timestamptz, now())
+     ORDER BY updated_at, id
+     LIMIT %(limit)s
+       FOR UPDATE
+), done AS (
+    DELETE FROM {schema}.tasks AS t
+     USING picked
+     WHERE t.id = picked.id AND t.status = 'DEAD'
+    RETURNING t.id
+), result_gone AS (
+    DELETE FROM {schema}.results WHERE task_id IN (SELECT id FROM done)
+)
+SELECT (SELECT count(*) FROM done)::int AS n, COALESCE(%(until)s::timestamptz, now()) AS until
+
+-- name: health_report
+-- One probe: the oldest due PENDING row's wait, expired leases, dead letters (all, and within
+-- the window), and workers whose heartbeat is within %(within)s seconds.
+SELECT now() AS now,
+       (SELECT extract(epoch FROM now() - min(run_at))::float8
+          FROM {schema}.tasks WHERE status = 'PENDING' AND run_at <= now()) AS oldest_due_age,
+       (SELECT count(*)::int
+          FROM {schema}.tasks WHERE status = 'RUNNING' AND lease_until < now()) AS expired_leases,
+       (SELECT count(*)::int FROM {schema}.tasks WHERE status = 'DEAD') AS dead_total,
+       (SELECT count(*)::int
+          FROM {schema}.tasks
+         WHERE status = 'DEAD'
+           AND updated_at > now() - make_interval(secs => %(window)s::float8)) AS dead_recent,
+       (SELECT count(*)::int
+          FROM {schema}.workers
+         WHERE heartbeat_at > now() - make_interval(secs => %(within)s::float8)) AS live_workers
+
+-- name: task_list
+-- Task rows newest first (by updated_at), filtered by status, queue, name and an updated_at range.
+SELECT id, name, queue, priority, status, run_at, attempt, retries, max_retries, claimed_by,
+       lease_until, error, created_at, updated_at
+  FROM {schema}.tasks
+ WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+   AND (%(name)s::text IS NULL OR name = %(name)s::text)
+   AND (%(since)s::timestamptz IS NULL OR updated_at >= %(since)s::timestamptz)
+   AND (%(until)s::timestamptz IS NULL OR updated_at < %(until)s::timestamptz)
+ ORDER BY updated_at DESC, id
+ LIMIT %(limit)s OFFSET %(offset)s
+
+-- name: finished_per_minute
+-- Attempts finished per minute and outcome within the window (requeues are not runs).
+SELECT date_trunc('minute', finished_at) AS minute, outcome, count(*)::int AS n
+  FROM {schema}.attempts
+ WHERE finished_at > now() - make_interval(secs => %(window)s::float8)
+   AND outcome <> 'requeued'
+ GROUP BY 1, 2
+ ORDER BY 1, 2
+
+-- name: status_totals
+-- Rows waiting, running and dead (all of them), and rows finished within the window, by status.
+SELECT status, count(*)::int AS n
+  FROM {schema}.tasks
+ WHERE status IN ('PENDING', 'RUNNING', 'DEAD')
+ GROUP BY status
+UNION ALL
+SELECT status, count(*)::int
+  FROM {schema}.tasks
+ WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED')
+   AND updated_at > now() - make_interval(secs => %(window)s::float8)
+ GROUP BY status

@@ -96,7 +96,7 @@ def test_inspect(
 
     scheduled = json.loads(run_cli(env, "inspect", "scheduled", "-j").stdout.splitlines()[0])
     assert [s["request"]["id"] for s in scheduled[worker]] == [later.id]
-    assert scheduled[worker][0]["request"]["args"] == [1, 2]
+    assert scheduled[worker][0]["request"]["args"] == "(1, 2)"
 
     registered = run_cli(env, "inspect", "registered")
     assert registered.returncode == 0, registered.stderr
