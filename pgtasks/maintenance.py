@@ -16,6 +16,7 @@ import psycopg
 import structlog
 
 from pgtasks.broker import Broker, Plan, Row
+from pgtasks.metrics import NullMetrics
 
 log = structlog.get_logger("pgtasks")
 
@@ -30,9 +31,12 @@ class Reclaimer:
         self.broker = broker
         self.max_lost = max_lost
         self.chord_ready = chord_ready
+        self.metrics: NullMetrics = NullMetrics()
 
     def run_once(self) -> int:
         rows = self.broker.reclaim(self.max_lost, chord_ready=self.chord_ready)
+        if rows:
+            self.metrics.reclaimed(len(rows), sum(r["status"] == "DEAD" for r in rows))
         for row in rows:
             event = "task.dead_lettered" if row["status"] == "DEAD" else "lease.reclaimed"
             log.warning(
@@ -87,3 +91,4 @@ class Maintenance(threading.Thread):
                 log.warning("worker.db_unavailable", during="maintenance", error=str(exc).strip())
             except Exception:
                 log.exception("worker.loop_error", during="maintenance")
+                self.reclaimer.metrics.loop_error("maintenance")

@@ -52,6 +52,11 @@ def _queues(value: str | None) -> list[str] | None:
     help="Seconds to finish running tasks on SIGTERM.",
 )
 @click.option(
+    "--metrics-port",
+    type=click.IntRange(min=1, max=65535),
+    help="Serve Prometheus metrics on this port (needs the metrics extra).",
+)
+@click.option(
     "-B",
     "--beat",
     is_flag=True,
@@ -81,6 +86,7 @@ def worker(
     shutdown_grace: float | None,
     prefetch_multiplier: int | None,
     beat: bool,
+    metrics_port: int | None,
     **celery_flags: Any,
 ) -> None:
     """Claim and run tasks until stopped (SIGTERM: finish running tasks; again: stop now).
@@ -116,6 +122,7 @@ def worker(
             shutdown_grace=shutdown_grace,
             prefetch_multiplier=prefetch_multiplier,
             beat=beat,
+            metrics_port=metrics_port,
             **flags.worker_options(),
         ).run()
 

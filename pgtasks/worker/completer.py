@@ -18,6 +18,7 @@ import psycopg
 import structlog
 
 from pgtasks.broker import Broker, Failure, Plan, Release, RetryAt, Row, Success
+from pgtasks.metrics import NullMetrics
 
 Final = Union[Success, Failure, RetryAt, Release]  # noqa: UP007 - a runtime alias on 3.10
 log = structlog.get_logger("pgtasks")
@@ -41,6 +42,7 @@ class Completer(threading.Thread):
         # Builds a chord's body when its last member finishes (set by the worker, which has
         # the app to decode results with); batches carrying canvas follow-ups need it.
         self.chord_ready: Callable[[Row, list[Row]], Plan] | None = None
+        self.metrics: NullMetrics = NullMetrics()
         self._queue: queue.SimpleQueue[Final | None] = queue.SimpleQueue()
         self._stop_requested = threading.Event()
         self.pending = 0
@@ -89,6 +91,7 @@ class Completer(threading.Thread):
                 # Never let this thread die. The rows are forgotten here, so their leases are
                 # no longer renewed: they run out and the reclaimer hands the tasks on.
                 log.exception("worker.loop_error", during="finalise", dropped=len(items))
+                self.metrics.loop_error("finalise")
                 statuses = {}
             for item in items:
                 self.on_written(item, statuses.get(item.id))
@@ -120,6 +123,7 @@ class Completer(threading.Thread):
                 except psycopg.Error as exc:
                     # One bad outcome must not block the batch: write them one by one.
                     log.error("worker.loop_error", during="finalise", error=str(exc).strip())
+                    self.metrics.loop_error("finalise")
                     return self._one_by_one(write, items)
             except psycopg.OperationalError as exc:
                 log.warning(
@@ -163,4 +167,5 @@ class Completer(threading.Thread):
                 log.error(
                     "worker.loop_error", during="finalise", task_id=item.id, error=str(exc).strip()
                 )
+                self.metrics.loop_error("finalise")
         return statuses

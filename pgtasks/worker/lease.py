@@ -14,6 +14,7 @@ import psycopg
 import structlog
 
 from pgtasks.broker import Broker
+from pgtasks.metrics import NullMetrics
 
 log = structlog.get_logger("pgtasks")
 
@@ -36,6 +37,7 @@ class LeaseKeeper(threading.Thread):
         self.owned = owned
         self.on_lost = on_lost
         self.on_cancel = on_cancel
+        self.metrics: NullMetrics = NullMetrics()
         self.stopped = threading.Event()
 
     def stop(self) -> None:
@@ -49,6 +51,7 @@ class LeaseKeeper(threading.Thread):
                 log.warning("worker.db_unavailable", during="renew", error=str(exc).strip())
             except Exception:
                 log.exception("worker.loop_error", during="renew")
+                self.metrics.loop_error("renew")
 
     def renew_once(self) -> None:
         owned = self.owned()
@@ -62,3 +65,4 @@ class LeaseKeeper(threading.Thread):
             elif alive[task_id]:
                 self.on_cancel(task_id)
         log.debug("lease.renewed", count=len(alive))
+        self.metrics.leases_renewed(len(alive))

@@ -25,6 +25,8 @@ from pgtasks.canvas import chord_body_builder, chord_member, register_builtins
 from pgtasks.exceptions import NotRegistered
 from pgtasks.maintenance import Maintenance, Pruner, Reclaimer
 from pgtasks.message import ClaimedTask
+from pgtasks.metrics import NullMetrics
+from pgtasks.metrics import create as create_metrics
 from pgtasks.result import exception_to_dict
 from pgtasks.scheduler import BeatService, Scheduler
 from pgtasks.serialization import decode, encode
@@ -76,6 +78,7 @@ class Worker:
         soft_time_limit: float | None = None,
         max_tasks_per_child: int | None = None,
         beat: bool = False,
+        metrics_port: int | None = None,
     ) -> None:
         s = app.settings
         self.app = app
@@ -94,6 +97,8 @@ class Worker:
         self.burst = burst
         #: Also run the periodic task scheduler (``-B``); safe on every worker at once.
         self.beat = beat
+        self.metrics_port = metrics_port
+        self.metrics: NullMetrics = NullMetrics()
         self.shutdown_grace = s.shutdown_grace if shutdown_grace is None else shutdown_grace
         # The worker's defaults; a task's own option or a call's apply_async() limits win.
         self.time_limit = time_limit or s.task_time_limit
@@ -135,16 +140,21 @@ class Worker:
         broker.announce_tasks(self.id, app.registered())
 
         signals.worker_init.send(sender=self)
+        self.metrics = create_metrics(self.id, broker, self.metrics_port, self.lease)
         self.pool = create_pool(self.pool_name, app, self.concurrency, self.max_tasks_per_child)
         self._warn_unenforced_limits()
         self.pool.start()  # before any thread starts: prefork children are forked here
         self.completer = Completer(broker, self.id, self._written)
         self.completer.chord_ready = chord_body_builder(app)
+        self.completer.metrics = self.metrics
         self.leases = LeaseKeeper(
             broker, self.id, self.lease, self._owned, self._lost, self._cancel
         )
+        self.leases.metrics = self.metrics
+        reclaimer = Reclaimer(broker, s.max_lost_attempts, self.completer.chord_ready)
+        reclaimer.metrics = self.metrics
         self.maintenance = Maintenance(
-            Reclaimer(broker, s.max_lost_attempts, self.completer.chord_ready),
+            reclaimer,
             Pruner(broker, s.finished_task_retention, s.result_expires),
             interval=min(max(self.lease / 3.0, 0.2), 10.0),
         )
@@ -237,6 +247,7 @@ class Worker:
                 continue
             except Exception:
                 self.log.exception("worker.loop_error", during="claim")
+                self.metrics.loop_error("claim")
                 self._stopping.wait(1.0)
                 continue
             for row in self._take_rate_slots(claimed):
@@ -272,6 +283,7 @@ class Worker:
         except Exception:
             # No start time could be taken: hand the limited rows back to be claimed again.
             self.log.exception("worker.loop_error", during="rate limit")
+            self.metrics.loop_error("rate limit")
             wait = {item[0] for item in limited}
             for row in claimed:
                 if row.id in wait:
@@ -310,6 +322,7 @@ class Worker:
                 args=job.headers.get("argsrepr"),
                 kwargs=job.headers.get("kwargsrepr"),
             )
+            self.metrics.started(job.name, job.queue)
             self.pool.submit(job, self._done)
 
     def _burst_done(self, claimed: list[ClaimedTask]) -> bool:
@@ -329,6 +342,7 @@ class Worker:
             retries=row.retries,
         )
         tlog.debug("task.claimed")
+        self.metrics.claimed(row.name, row.queue)
         if self._stopping.is_set():
             self._settle(Release(row.id, row.attempt, 0.0, None))
             return None
@@ -345,6 +359,7 @@ class Worker:
             args, kwargs = self._decode(row)
         except Exception as exc:
             tlog.error("task.dead_lettered", reason="undecodable payload", error=str(exc))
+            self.metrics.dead_lettered(row.name, row.queue, "undecodable payload")
             self._settle(self._failure(row, Status.DEAD, f"cannot decode payload: {exc}"))
             task_signals.rejected(self, row, exc)
             return None
@@ -398,6 +413,7 @@ class Worker:
             f"autodiscover_tasks), then requeue it"
         )
         tlog.error("task.dead_lettered", reason="unregistered task", error=error)
+        self.metrics.dead_lettered(row.name, row.queue, "unregistered task")
         stored = encode(exception_to_dict(NotRegistered(row.name)), "json")
         failure = Failure(
             row.id,
@@ -525,7 +541,7 @@ class Worker:
                 started,
             )
         else:  # LOST: the process running it died
-            lost = row.attempt - row.retries
+            lost = row.attempt - row.requeued_attempt - row.retries
             if lost >= self.settings.max_lost_attempts:
                 tlog.error("task.dead_lettered", reason="worker lost", error=o.error)
                 final = Failure(
@@ -556,7 +572,19 @@ class Worker:
                     "lost",
                     started,
                 )
+        self._count(row, o, final)
         self.completer.put(final)
+
+    def _count(self, row: ClaimedTask, o: ex.Outcome, final: Final) -> None:
+        """Record a run's outcome in the metrics (a no-op without --metrics-port)."""
+        dead = isinstance(final, Failure) and final.status == Status.DEAD
+        outcome = _OUTCOMES.get(o.kind, "lost")
+        if dead:
+            outcome = "dead_lettered"
+            reason = "worker lost" if o.kind == ex.LOST else "retries exhausted"
+            self.metrics.dead_lettered(row.name, row.queue, reason)
+        self.metrics.finished(row.name, row.queue, outcome, o.runtime, o.error or "")
+        self.metrics.active(len(self._inflight))
 
     def _settle(self, final: Final) -> None:
         """Queue the final write of a claimed row that will not run (or ran)."""
@@ -594,6 +622,7 @@ class Worker:
             )
         elif entry is not None and status == Status.CANCELLED and not isinstance(item, Release):
             self.log.info("task.cancelled", task_id=item.id, task_name=entry.task.name)
+            self.metrics.finished(entry.task.name, entry.task.queue, "revoked", 0.0)
             task_signals.revoked(self.app, entry.task, self.id, expired=False)
 
     # -- leases --------------------------------------------------------------------------------
@@ -616,6 +645,7 @@ class Worker:
                 # misses a row that was just completed, which is no loss.
                 return
             entry.lost = True
+        self.metrics.leases_lost(1)
         self.log.warning(
             "lease.lost",
             task_id=task_id,
@@ -682,6 +712,18 @@ class Worker:
             thread.join(timeout=2.0)
         with contextlib.suppress(psycopg.Error):
             self.app.broker.unregister_worker(self.id)
+        self.metrics.stop()
         self.log.info("worker.stopped", processed=self.processed)
         signals.worker_shutdown.send(sender=self)
         self.app.close()
+
+
+#: Metric outcome of each run kind (LOST rows are counted as retried or dead-lettered).
+_OUTCOMES = {
+    ex.SUCCESS: "succeeded",
+    ex.FAILURE: "failed",
+    ex.RETRY: "retried",
+    ex.REJECT_REQUEUE: "rejected",
+    ex.IGNORED: "ignored",
+    ex.LOST: "retried",
+}
