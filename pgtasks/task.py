@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 import structlog
 
-from pgtasks import exceptions, ratelimits, signals
+from pgtasks import exceptions, ratelimits, signals, tracing
 from pgtasks.exceptions import ImproperlyConfigured
 from pgtasks.request import Request
 from pgtasks.retry import exponential_backoff
@@ -217,21 +217,39 @@ class Task(Generic[P, R]):
         being worth running; ``connection`` enqueues inside that connection's transaction."""
         if self.app.settings.always_eager:
             return self.apply(args, kwargs, task_id=task_id)
-        msg = self.build_message(
-            args,
-            kwargs,
-            task_id=task_id,
-            countdown=countdown,
-            eta=eta,
-            expires=expires,
-            priority=priority,
-            queue=queue,
-            headers=headers,
-            serializer=serializer,
-            ignore_result=ignore_result,
-            max_retries=max_retries,
-            **options,
-        )
+        with tracing.producer(self.name) as inject:
+            msg = self._publish(
+                args,
+                kwargs,
+                inject,
+                connection,
+                task_id=task_id,
+                countdown=countdown,
+                eta=eta,
+                expires=expires,
+                priority=priority,
+                queue=queue,
+                headers=headers,
+                serializer=serializer,
+                ignore_result=ignore_result,
+                max_retries=max_retries,
+                **options,
+            )
+        result = self.app.AsyncResult(msg.id, task_name=self.name)
+        result.ignored = bool(msg.headers.get("ignore_result"))
+        return result
+
+    def _publish(
+        self,
+        args: Sequence[Any] | None,
+        kwargs: dict[str, Any] | None,
+        inject: tracing.Inject,
+        connection: Any,
+        **options: Any,
+    ) -> TaskMessage:
+        """Build, sign with the trace context, and write one row (with its publish signals)."""
+        msg = self.build_message(args, kwargs, **options)
+        inject(msg.headers, msg.queue)
         signals.send_before_publish(msg, args, kwargs)
         self.app.broker.enqueue(msg, conn=self._enqueue_conn(connection))
         signals.send_after_publish(msg, args, kwargs)
@@ -244,9 +262,7 @@ class Task(Generic[P, R]):
                 eta=msg.eta.isoformat() if msg.eta else None,
                 countdown=msg.countdown,
             )
-        result = self.app.AsyncResult(msg.id, task_name=self.name)
-        result.ignored = bool(msg.headers.get("ignore_result"))
-        return result
+        return msg
 
     # -- canvas ------------------------------------------------------------------------------
 

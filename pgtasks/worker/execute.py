@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from pgtasks import exceptions
+from pgtasks import exceptions, tracing
 from pgtasks.canvas import after_failure, after_success, has_followups
 from pgtasks.request import Request
 from pgtasks.result import exception_to_dict
@@ -96,6 +96,14 @@ def add_execution_hooks(app: Celery, before: ExecutionHook, after: ExecutionHook
 
 def execute(app: Celery, job: Job) -> Outcome:
     """Run ``job`` and report its outcome; never raises."""
+    with tracing.consumer(job.name, job.id, job.headers, job.attempt) as span:
+        outcome = _execute(app, job)
+        if outcome.kind == FAILURE:
+            tracing.failed(span, outcome.error)
+        return outcome
+
+
+def _execute(app: Celery, job: Job) -> Outcome:
     started = time.time()
     t0 = time.perf_counter()
     task = app.get_task(job.name)
