@@ -1,0 +1,9 @@
+"""``pgtasks dashboard``: a web view of the queues, tasks, dead letters and periodic schedules,
+with a JSON API (install the ``dashboard`` extra: ``pip install 'pgtasks[dashboard]'``)."""
+
+from __future__ import annotations
+
+from pgtasks.dashboard.app import create_app
+from pgtasks.dashboard.security import UnsafeBind, check_bind
+
+__all__ = ["UnsafeBind", "check_bind", "create_app"]
