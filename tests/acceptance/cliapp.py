@@ -6,6 +6,7 @@ The database and schema come from ``PGTASKS_DATABASE_URL`` and ``PGTASKS_SCHEMA_
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from pgtasks import Celery
 
@@ -17,7 +18,9 @@ def add(x: int, y: int) -> int:
     return x + y
 
 
-@app.task(name="cliapp.slow")
-def slow(seconds: float) -> str:
+@app.task(name="cliapp.slow", bind=True)
+def slow(self: Any, seconds: float) -> str:
+    # Tells the test the body has begun (a claimed row is RUNNING a moment before that).
+    self.update_state(state="SLEEPING")
     time.sleep(seconds)
     return "finished"

@@ -229,7 +229,7 @@ def test_sigterm_lets_the_running_task_finish(
     queued = app.send_task("cliapp.add", (1, 2), countdown=3600)
     env = cli_env(pg_dsn, schema)
     with started_cli(env, "-A", APP, "worker", "-c", "1", "-l", "INFO") as proc:
-        wait_for(lambda: statuses(db)[result.id] == "RUNNING", what="the task to start")
+        wait_for(lambda: result.state == "SLEEPING", what="the task to start")
         proc.send_signal(signal.SIGTERM)
         try:
             _, stderr = proc.communicate(timeout=30)
