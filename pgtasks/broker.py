@@ -873,6 +873,29 @@ class Broker:
             "workers": self.live_workers(live_within),
         }
 
+    # -- pgtasks bench ------------------------------------------------------------------------
+
+    def server_version(self) -> str:
+        """The server's version string, e.g. ``16.4 (Debian 16.4-1.pgdg120+1)``."""
+        row = self._one("server_version", {})
+        return str(row["version"]) if row else "unknown"
+
+    def bench_schema_state(self) -> str:
+        """``absent``; ``bench`` when ``pgtasks bench`` created the schema; else ``other``."""
+        row = self._one("bench_schema_state", {"schema": self.schema})
+        if row is None or not row["present"]:
+            return "absent"
+        return "bench" if row["ours"] else "other"
+
+    def create_bench_schema(self) -> None:
+        """Create the (absent) schema and mark it as ``pgtasks bench``'s."""
+        self._all("bench_create_schema", {})
+        self._all("bench_mark_schema", {})
+
+    def drop_schema(self) -> None:
+        """Drop the schema and everything in it."""
+        self._all("drop_schema", {})
+
 
 @contextmanager
 def _storage_errors(task_id: str | None) -> Iterator[None]:

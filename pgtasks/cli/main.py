@@ -144,6 +144,6 @@ def get_app(ctx: click.Context, required: bool = True) -> Any:
 
 def main() -> None:
     """Console entry point."""
-    from pgtasks.cli import beat, commands, control, dashboard, ops, upgrade  # noqa: F401 - registers the commands
+    from pgtasks.cli import beat, bench, commands, control, dashboard, ops, upgrade  # noqa: F401 - registers the commands
 
     cli(prog_name="pgtasks")

@@ -813,3 +813,26 @@ SELECT status, count(*)::int
  WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED')
    AND updated_at > now() - make_interval(secs => %(window)s::float8)
  GROUP BY status
+
+-- name: server_version
+-- The server's version string (SHOW server_version), for reports.
+SELECT current_setting('server_version') AS version
+
+-- name: bench_schema_state
+-- Whether the schema exists, and whether `pgtasks bench` created it (its comment is the mark).
+SELECT n.oid IS NOT NULL AS present,
+       coalesce(obj_description(n.oid, 'pg_namespace') = 'pgtasks bench', false) AS ours
+  FROM (SELECT 1) AS one
+  LEFT JOIN pg_namespace n ON n.nspname = %(schema)s
+
+-- name: bench_create_schema
+-- A new, empty schema for `pgtasks bench` (fails when it exists).
+CREATE SCHEMA {schema}
+
+-- name: bench_mark_schema
+-- Mark the schema as created by `pgtasks bench`, so that a later run may drop it.
+COMMENT ON SCHEMA {schema} IS 'pgtasks bench'
+
+-- name: drop_schema
+-- Drop the schema and everything in it.
+DROP SCHEMA IF EXISTS {schema} CASCADE

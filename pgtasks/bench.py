@@ -1,0 +1,468 @@
+"""``pgtasks bench``: what pgtasks does on your database, measured with no-op tasks.
+
+Three phases, run in the schema ``pgtasks_bench`` (created fresh, marked as the bench's by its
+comment, dropped at the end) so the application's own tasks are never touched:
+
+- ``enqueue``: ``task.delay()`` one call at a time, then ``task.apply_many()`` in batches of
+  1000, in tasks per second;
+- ``burn-down``: worker processes (``python -m pgtasks -A pgtasks.bench worker``) started and
+  registered first, then N tasks made visible at once (one transaction), timed until every one
+  has finished;
+- ``latency``: on idle workers, paced ``delay()`` calls whose task returns the time it started;
+  the percentiles of start minus send, in milliseconds.
+
+This module is also the workers' app: they import it with ``-A pgtasks.bench`` and read the
+database URL and schema from ``PGTASKS_DATABASE_URL`` and ``PGTASKS_SCHEMA_NAME``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from pgtasks import __version__
+from pgtasks.app import Celery
+from pgtasks.exceptions import PgTasksError
+from pgtasks.migrate import migrate
+
+DEFAULT_SCHEMA = "pgtasks_bench"
+#: What ``--only`` accepts; ``enqueue`` covers the one-by-one and the bulk enqueue.
+PHASES = ("enqueue", "burn-down", "latency")
+BATCH = 1000
+
+app = Celery(
+    "pgtasks.bench",
+    broker=os.environ.get("PGTASKS_DATABASE_URL"),
+    schema_name=DEFAULT_SCHEMA,
+    set_as_current=False,
+)
+
+
+@app.task(name="pgtasks.bench.noop", ignore_result=True)
+def noop(i: int) -> None:
+    """Does nothing: measures the queue, not the task."""
+
+
+@app.task(name="pgtasks.bench.stamp")
+def stamp(sent: float) -> float:
+    """Returns when it started, so the sender can compute send-to-start latency."""
+    return time.time()
+
+
+class BenchError(PgTasksError):
+    """The benchmark cannot run or did not finish."""
+
+
+@dataclass
+class Options:
+    database_url: str
+    schema: str = DEFAULT_SCHEMA
+    tasks: int = 20_000
+    workers: int = 2
+    concurrency: int = 1
+    pool: str = "threads"
+    prefetch_multiplier: int | None = None
+    latency_samples: int = 300
+    rate: float = 50.0
+    phases: Sequence[str] = PHASES
+    keep: bool = False
+    force: bool = False
+
+    @property
+    def one_by_one(self) -> int:
+        """How many tasks the one-by-one enqueue sends: a tenth of ``tasks``, at least 1000."""
+        return max(1000, self.tasks // 10)
+
+
+# -- progress ---------------------------------------------------------------------------------
+
+
+class Progress:
+    """A status line redrawn a few times a second on a terminal, and one result line per phase.
+
+    ``stream`` gets the results; the status line only when it is a TTY.
+    """
+
+    INTERVAL = 0.25
+
+    def __init__(self, stream: IO[str] | None = None, quiet: bool = False) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.quiet = quiet
+        self.live = not quiet and self.stream.isatty()
+        self._next = 0.0
+        self._shown = False
+
+    def status(self, text: str, force: bool = False) -> None:
+        if not self.live:
+            return
+        now = time.monotonic()
+        if not force and now < self._next:
+            return
+        self._next = now + self.INTERVAL
+        self.stream.write(f"\r\x1b[2K{text}")
+        self.stream.flush()
+        self._shown = True
+
+    def clear(self) -> None:
+        if self._shown:
+            self.stream.write("\r\x1b[2K")
+            self.stream.flush()
+            self._shown = False
+
+    def result(self, text: str) -> None:
+        self.clear()
+        if not self.quiet:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
+
+def _bar(done: int, total: int, width: int = 24) -> str:
+    filled = width * done // total if total else width
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done:,}/{total:,}"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """The ``p``-th percentile, interpolated between the closest ranks."""
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * p / 100
+    lo = int(k)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+# -- workers ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Workers:
+    """The benchmark's worker processes, each with its log in a temporary file."""
+
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
+    logs: list[IO[bytes]] = field(default_factory=list)
+    files: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+    def check(self) -> None:
+        """Raise when a worker has exited."""
+        for proc, log in zip(self.procs, self.logs, strict=True):
+            code = proc.poll()
+            if code is not None:
+                log.seek(0)
+                tail = log.read().decode("utf-8", "replace").strip().splitlines()[-15:]
+                detail = "\n".join(tail) or "(no output)"
+                raise BenchError(f"a worker exited with code {code}:\n{detail}")
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM to every worker, then SIGKILL to those still running after ``grace`` s."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in self.procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.files.close()
+
+
+@contextlib.contextmanager
+def started_workers(opts: Options, progress: Progress) -> Iterator[Workers]:
+    """``opts.workers`` worker processes, registered and idle, for the block; always stopped."""
+    env = {k: v for k, v in os.environ.items() if k != "PGTASKS_APP"}
+    env.update(PGTASKS_DATABASE_URL=opts.database_url, PGTASKS_SCHEMA_NAME=opts.schema)
+    workers = Workers()
+    try:
+        for i in range(opts.workers):
+            worker_id = f"bench-{i + 1}-{uuid.uuid4().hex[:6]}"
+            cmd = [sys.executable, "-m", "pgtasks", "-A", "pgtasks.bench", "worker"]
+            cmd += ["-n", worker_id, "-l", "WARNING", "--log-format", "console"]
+            cmd += ["-c", str(opts.concurrency), "-P", opts.pool]
+            if opts.prefetch_multiplier:
+                cmd += ["--prefetch-multiplier", str(opts.prefetch_multiplier)]
+            # Closed with the others by Workers.stop.
+            log = workers.files.enter_context(tempfile.TemporaryFile())  # noqa: SIM115
+            workers.logs.append(log)
+            # Their own session: a Ctrl-C reaches the bench only, which then stops them.
+            workers.procs.append(
+                subprocess.Popen(
+                    cmd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+            workers.ids.append(worker_id)
+        deadline = time.monotonic() + 60
+        while True:
+            workers.check()
+            live = {row["id"] for row in app.broker.live_workers(30)}
+            ready = len(live & set(workers.ids))
+            if ready == len(workers.ids):
+                break
+            if time.monotonic() > deadline:
+                raise BenchError(f"only {ready} of {opts.workers} workers registered within 60 s")
+            progress.status(f"starting workers: {ready}/{opts.workers} ready")
+            time.sleep(0.05)
+        progress.clear()
+        yield workers
+    finally:
+        progress.clear()
+        workers.stop()
+
+
+# -- phases -----------------------------------------------------------------------------------
+
+
+def _rate(n: int, seconds: float) -> float:
+    return n / seconds if seconds > 0 else float("inf")
+
+
+def enqueue_one_by_one(n: int, progress: Progress) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    for i in range(n):
+        noop.delay(i)
+        progress.status(f"enqueue (delay) {_bar(i + 1, n)}")
+    seconds = time.perf_counter() - t0
+    rate = _rate(n, seconds)
+    progress.result(f"enqueue one by one: {rate:,.0f} tasks/s ({n:,} x delay)")
+    return {"tasks": n, "seconds": seconds, "tasks_per_second": rate}
+
+
+def enqueue_bulk(n: int, progress: Progress) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    for start in range(0, n, BATCH):
+        stop = min(start + BATCH, n)
+        noop.apply_many([(i,) for i in range(start, stop)])
+        progress.status(f"bulk enqueue {_bar(stop, n)}")
+    seconds = time.perf_counter() - t0
+    rate = _rate(n, seconds)
+    progress.result(f"bulk enqueue: {rate:,.0f} tasks/s ({n:,} in batches of {BATCH})")
+    return {"tasks": n, "batch": BATCH, "seconds": seconds, "tasks_per_second": rate}
+
+
+def burn_down(n: int, workers: Workers, progress: Progress) -> dict[str, Any]:
+    """N tasks made visible at once, timed until none is waiting or running."""
+    with contextlib.closing(app.broker.connect(autocommit=False)) as conn:
+        for start in range(0, n, BATCH):
+            stop = min(start + BATCH, n)
+            noop.apply_many([(i,) for i in range(start, stop)], connection=conn)
+            progress.status(f"burn-down: preparing {_bar(stop, n)}")
+        conn.commit()
+    t0 = time.perf_counter()
+    queues = [app.settings.default_queue]
+    left = n
+    last_change = time.monotonic()
+    while True:
+        now_left = app.broker.count_unfinished(queues)
+        if now_left == 0:
+            break
+        if now_left != left:
+            left, last_change = now_left, time.monotonic()
+        elif time.monotonic() - last_change > 60:
+            raise BenchError(f"burn-down stalled: {left:,} of {n:,} tasks unfinished for 60 s")
+        workers.check()
+        elapsed = time.perf_counter() - t0
+        progress.status(f"burn-down {_bar(n - left, n)}  {(n - left) / elapsed:,.0f} tasks/s")
+        time.sleep(0.05)
+    seconds = time.perf_counter() - t0
+    by_status: dict[str, int] = {}
+    for row in app.broker.counts():
+        by_status[row["status"]] = by_status.get(row["status"], 0) + int(row["n"])
+    if by_status.get("COMPLETED", 0) != n:
+        raise BenchError(f"burn-down: expected {n:,} completed tasks, found {by_status}")
+    rate = _rate(n, seconds)
+    progress.result(f"burn-down: {rate:,.0f} tasks/s ({n:,} tasks in {seconds:.2f} s)")
+    return {"tasks": n, "seconds": seconds, "tasks_per_second": rate}
+
+
+def latency(samples: int, rate: float, workers: Workers, progress: Progress) -> dict[str, Any]:
+    """Paced ``delay()`` calls on idle workers; start minus send, in milliseconds."""
+    stamp.delay(0.0).get(timeout=30)  # warm-up: every worker connection and statement ready
+    interval = 1.0 / rate
+    sent: list[tuple[float, Any]] = []
+    t0 = time.perf_counter()
+    for i in range(samples):
+        pause = t0 + i * interval - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+        at = time.time()
+        sent.append((at, stamp.delay(at)))
+        progress.status(f"latency {_bar(i + 1, samples)} sent at {rate:g}/s")
+    workers.check()
+    values = [(float(result.get(timeout=30)) - at) * 1000 for at, result in sent]
+    report = {
+        "samples": samples,
+        "rate": rate,
+        "p50_ms": percentile(values, 50),
+        "p90_ms": percentile(values, 90),
+        "p99_ms": percentile(values, 99),
+        "max_ms": max(values),
+    }
+    progress.result(
+        f"delay->start latency: p50 {report['p50_ms']:.2f} ms, p90 {report['p90_ms']:.2f} ms, "
+        f"p99 {report['p99_ms']:.2f} ms (n={samples}, {rate:g}/s)"
+    )
+    return report
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _bench_settings(opts: Options) -> Iterator[None]:
+    """Point this process's bench app at the run's database and schema.
+
+    ``PGTASKS_*`` variables win over code-given settings, so they are set for the run (a
+    ``PGTASKS_SCHEMA_NAME`` meant for the user's app must not lead the bench to its schema).
+    """
+    names = ("PGTASKS_DATABASE_URL", "PGTASKS_SCHEMA_NAME")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update(PGTASKS_DATABASE_URL=opts.database_url, PGTASKS_SCHEMA_NAME=opts.schema)
+    app.close()
+    app.conf.update(broker_url=opts.database_url, schema_name=opts.schema)
+    try:
+        yield
+    finally:
+        app.close()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def prepare_schema(opts: Options) -> None:
+    """Create the bench schema fresh; refuse one the bench did not create unless ``force``."""
+    broker = app.broker
+    state = broker.bench_schema_state()
+    if state == "other" and not opts.force:
+        raise BenchError(
+            f"schema {opts.schema!r} exists and was not created by pgtasks bench: "
+            "pick another with --schema, or pass --force to drop it and everything in it"
+        )
+    if state != "absent":
+        broker.drop_schema()
+    broker.create_bench_schema()
+    migrate(app.database_url, opts.schema)
+
+
+def run(opts: Options, progress: Progress | None = None) -> dict[str, Any]:
+    """Run the selected phases; returns the report (``setup`` and ``phases``)."""
+    unknown = set(opts.phases) - set(PHASES)
+    if unknown:
+        raise BenchError(f"unknown phase {sorted(unknown)[0]!r}: choose from {', '.join(PHASES)}")
+    if opts.tasks < 1 or opts.workers < 1 or opts.concurrency < 1:
+        raise BenchError("--tasks, --workers and --concurrency must be at least 1")
+    progress = progress or Progress()
+    phases: dict[str, Any] = {}
+    with _bench_settings(opts):
+        broker = app.broker
+        broker.connect().close()  # fails fast, where the pool would retry for a while
+        setup = {
+            "postgresql": broker.server_version(),
+            "pgtasks": __version__,
+            "pool": opts.pool,
+            "workers": opts.workers,
+            "concurrency": opts.concurrency,
+            "tasks": opts.tasks,
+            "schema": opts.schema,
+        }
+        prepare_schema(opts)
+        try:
+            _run_phases(opts, progress, phases)
+        except BaseException:
+            progress.clear()
+            if not opts.keep:
+                # The first error is the one to report: a failing clean-up must not hide it.
+                with contextlib.suppress(Exception):
+                    app.broker.drop_schema()
+            raise
+        if opts.keep:
+            progress.result(f"kept schema {opts.schema!r}")
+        else:
+            app.broker.drop_schema()
+    return {"setup": setup, "phases": phases}
+
+
+def _run_phases(opts: Options, progress: Progress, phases: dict[str, Any]) -> None:
+    """The selected phases, in order; each adds its figures to ``phases``."""
+    if "enqueue" in opts.phases:
+        phases["enqueue"] = enqueue_one_by_one(opts.one_by_one, progress)
+        phases["bulk_enqueue"] = enqueue_bulk(opts.tasks, progress)
+        app.broker.purge()  # the workers must find only the burn-down's tasks
+    if "burn-down" in opts.phases or "latency" in opts.phases:
+        with started_workers(opts, progress) as workers:
+            if "burn-down" in opts.phases:
+                phases["burn_down"] = burn_down(opts.tasks, workers, progress)
+            if "latency" in opts.phases:
+                phases["latency"] = latency(opts.latency_samples, opts.rate, workers, progress)
+
+
+# -- the report -------------------------------------------------------------------------------
+
+
+def summary_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(phase, value, unit) for each measured figure."""
+    phases = report["phases"]
+    rows: list[tuple[str, str, str]] = []
+    if "enqueue" in phases:
+        rows.append(
+            ("enqueue one by one", f"{phases['enqueue']['tasks_per_second']:,.0f}", "tasks/s")
+        )
+    if "bulk_enqueue" in phases:
+        rows.append(
+            ("bulk enqueue", f"{phases['bulk_enqueue']['tasks_per_second']:,.0f}", "tasks/s")
+        )
+    if "burn_down" in phases:
+        rows.append(("burn-down", f"{phases['burn_down']['tasks_per_second']:,.0f}", "tasks/s"))
+    if "latency" in phases:
+        for p in ("p50", "p90", "p99"):
+            rows.append((f"delay->start {p}", f"{phases['latency'][f'{p}_ms']:.2f}", "ms"))
+    return rows
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The summary table and the setup it was measured on."""
+    rows = [("PHASE", "VALUE", "UNIT"), *summary_rows(report)]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = [
+        f"{phase.ljust(widths[0])}  {value.rjust(widths[1])}  {unit}".rstrip()
+        for phase, value, unit in rows
+    ]
+    s = report["setup"]
+    lines.append("")
+    lines.append(
+        f"PostgreSQL {s['postgresql']}, pgtasks {s['pgtasks']}, "
+        f"{_plural(s['workers'], 'worker')} x {_plural(s['concurrency'], 'slot')} "
+        f"({s['pool']} pool), {s['tasks']:,} tasks"
+    )
+    return "\n".join(lines)
+
+
+def parse_phases(value: str | None) -> list[str]:
+    """``--only``'s comma-separated list, in the order the phases run."""
+    if not value:
+        return list(PHASES)
+    wanted = {v.strip() for v in value.split(",") if v.strip()}
+    unknown = wanted - set(PHASES)
+    if unknown:
+        raise BenchError(f"unknown phase {sorted(unknown)[0]!r}: choose from {', '.join(PHASES)}")
+    return [p for p in PHASES if p in wanted]

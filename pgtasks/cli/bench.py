@@ -1,0 +1,172 @@
+"""``bench``: measure pgtasks on the user's own database (see :mod:`pgtasks.bench`)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from pgtasks.cli.main import cli, get_app
+
+
+def _database_url(ctx: click.Context, given: str | None) -> str:
+    """``--database-url``, else ``PGTASKS_DATABASE_URL``, else ``-b`` or the ``-A`` app's."""
+    url = given or os.environ.get("PGTASKS_DATABASE_URL")
+    if not url and (ctx.obj.get("app_spec") or ctx.obj.get("broker")):
+        url = get_app(ctx, required=False).settings.database_url
+    if not url:
+        raise click.UsageError(
+            "no database: pass --database-url URL, set PGTASKS_DATABASE_URL, or name an app with -A"
+        )
+    return str(url)
+
+
+@cli.command()
+@click.option(
+    "--database-url",
+    metavar="URL",
+    help="Database to measure (default: PGTASKS_DATABASE_URL, else the -A app's).",
+)
+@click.option(
+    "--schema",
+    metavar="NAME",
+    default="pgtasks_bench",
+    show_default=True,
+    help="Schema the bench creates, works in and drops; your tasks are never touched.",
+)
+@click.option(
+    "--tasks",
+    metavar="N",
+    type=click.IntRange(min=1),
+    default=20_000,
+    show_default=True,
+    help="Tasks in the bulk enqueue and the burn-down (a tenth, at least 1000, one by one).",
+)
+@click.option(
+    "--workers",
+    metavar="N",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="Worker processes.",
+)
+@click.option(
+    "-c",
+    "--concurrency",
+    metavar="N",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Task slots per worker.",
+)
+@click.option(
+    "-P",
+    "--pool",
+    type=click.Choice(["threads", "prefork", "solo"]),
+    default="threads",
+    show_default=True,
+    help="The workers' pool.",
+)
+@click.option(
+    "--prefetch-multiplier",
+    metavar="N",
+    type=click.IntRange(min=1),
+    help="The workers' --prefetch-multiplier (default: theirs).",
+)
+@click.option(
+    "--latency-samples",
+    metavar="N",
+    type=click.IntRange(min=1),
+    default=300,
+    show_default=True,
+    help="Tasks sent in the latency phase.",
+)
+@click.option(
+    "--rate",
+    metavar="PER_S",
+    type=click.FloatRange(min=0.1),
+    default=50.0,
+    show_default=True,
+    help="Tasks per second sent in the latency phase.",
+)
+@click.option(
+    "--only",
+    metavar="PHASES",
+    help="Comma-separated phases to run: enqueue, burn-down, latency (default: all).",
+)
+@click.option("-j", "--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option("--keep", is_flag=True, help="Keep the schema afterwards (to look at the rows).")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Drop and reuse --schema even when it was not created by pgtasks bench.",
+)
+@click.pass_context
+def bench(
+    ctx: click.Context,
+    /,
+    database_url: str | None,
+    schema: str,
+    tasks: int,
+    workers: int,
+    concurrency: int,
+    pool: str,
+    prefetch_multiplier: int | None,
+    latency_samples: int,
+    rate: float,
+    only: str | None,
+    as_json: bool,
+    keep: bool,
+    force: bool,
+) -> None:
+    """Measure pgtasks on your database with no-op tasks.
+
+    \b
+    Phases:
+      enqueue    delay() one call at a time (a tenth of --tasks, at least
+                 1000), then apply_many() in batches of 1000: tasks/s
+      burn-down  --workers worker processes drain --tasks tasks made visible
+                 at once, timed from then until every task has finished: tasks/s
+      latency    --latency-samples delay() calls at --rate per second on idle
+                 workers: p50/p90/p99 from send to task start, in ms
+
+    Everything happens in its own schema (--schema), created fresh and dropped at
+    the end: your queues are never touched. A schema the bench did not create is
+    refused unless --force. Workers share the machine with this command: run it
+    where your workers would run for figures that mean something.
+
+    \b
+    Examples:
+      pgtasks bench --database-url postgresql://app@db/app
+      pgtasks -A proj bench --workers 4 -c 4 --pool prefork
+      pgtasks bench --only latency --latency-samples 1000 --rate 100
+      pgtasks bench --tasks 2000 --json | jq .phases.burn_down
+    """
+    from pgtasks import bench as bench_
+
+    try:
+        phases = bench_.parse_phases(only)
+    except bench_.BenchError as exc:
+        raise click.BadParameter(str(exc), param_hint="--only") from None
+    url = _database_url(ctx, database_url)
+    opts = bench_.Options(
+        database_url=url,
+        schema=schema,
+        tasks=tasks,
+        workers=workers,
+        concurrency=concurrency,
+        pool=pool,
+        prefetch_multiplier=prefetch_multiplier,
+        latency_samples=latency_samples,
+        rate=rate,
+        phases=phases,
+        keep=keep,
+        force=force,
+    )
+    report = bench_.run(opts, bench_.Progress())
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        click.echo()
+        click.echo(bench_.format_report(report))

@@ -1,0 +1,153 @@
+"""``pgtasks bench``, run as users run it: ``python -m pgtasks bench ...`` in a subprocess, on
+its own schema of the test database. Nothing here times anything: the figures only have to be
+there and positive."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from tests.acceptance.test_cli import assert_one_clean_error, cli_env, run_cli
+
+
+@pytest.fixture
+def env(pg_dsn: str, schema: str) -> dict[str, str]:
+    # PGTASKS_SCHEMA_NAME names the app's schema (``schema``): the bench must leave it alone.
+    return cli_env(pg_dsn, schema)
+
+
+@pytest.fixture
+def bench_schema(pg_dsn: str) -> Iterator[str]:
+    """A schema name for one run, dropped afterwards if the run left it."""
+    name = f"bench_{uuid.uuid4().hex[:12]}"
+    try:
+        yield name
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+def schema_comment(db: psycopg.Connection[Any], name: str) -> tuple[bool, str | None]:
+    row = db.execute(
+        "SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = %s",
+        (name,),
+    ).fetchone()
+    return (row is not None, row[0] if row else None)
+
+
+def test_help_reads_well(env: dict[str, str]) -> None:
+    done = run_cli(env, "bench", "--help")
+    assert done.returncode == 0, done.stderr
+    assert "Examples:" in done.stdout
+    for phrase in ("enqueue", "burn-down", "latency", "--only", "--keep", "--force", "--json"):
+        assert phrase in done.stdout
+
+
+def test_full_run_reports_every_phase_and_drops_its_schema(
+    env: dict[str, str], bench_schema: str, db: psycopg.Connection[Any]
+) -> None:
+    done = run_cli(
+        env,
+        "bench",
+        "--schema",
+        bench_schema,
+        "--tasks",
+        "400",
+        "--latency-samples",
+        "20",
+        "--rate",
+        "100",
+        "--workers",
+        "1",
+        "--json",
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    phases = report["phases"]
+    assert set(phases) == {"enqueue", "bulk_enqueue", "burn_down", "latency"}
+    assert phases["enqueue"]["tasks"] == 1000  # a tenth of --tasks, at least 1000
+    assert phases["bulk_enqueue"]["tasks"] == 400
+    assert phases["burn_down"]["tasks"] == 400
+    for name in ("enqueue", "bulk_enqueue", "burn_down"):
+        assert phases[name]["tasks_per_second"] > 0
+        assert phases[name]["seconds"] > 0
+    latency = phases["latency"]
+    assert latency["samples"] == 20
+    assert 0 < latency["p50_ms"] <= latency["p90_ms"] <= latency["p99_ms"] <= latency["max_ms"]
+    setup = report["setup"]
+    assert setup["pool"] == "threads" and setup["workers"] == 1 and setup["concurrency"] == 1
+    assert setup["tasks"] == 400 and setup["schema"] == bench_schema
+    assert setup["postgresql"] and setup["pgtasks"]
+    # One result line per phase on stderr.
+    for line in ("enqueue one by one:", "bulk enqueue:", "burn-down:", "delay->start latency:"):
+        assert line in done.stderr
+
+    assert schema_comment(db, bench_schema) == (False, None)
+    # The app's own schema (PGTASKS_SCHEMA_NAME) was not used.
+    assert db.execute("SELECT count(*) FROM tasks").fetchone() == (0,)
+
+
+def test_only_enqueue_prints_the_table_and_keep_leaves_a_reusable_schema(
+    env: dict[str, str], bench_schema: str, db: psycopg.Connection[Any]
+) -> None:
+    kept = run_cli(
+        env, "bench", "--schema", bench_schema, "--tasks", "400", "--only", "enqueue", "--keep"
+    )
+    assert kept.returncode == 0, kept.stderr
+    lines = kept.stdout.strip().splitlines()
+    assert lines[0].split() == ["PHASE", "VALUE", "UNIT"]
+    phases = [line for line in lines[1:] if line.endswith(("tasks/s", "ms"))]
+    assert [p.rsplit(None, 2)[0] for p in phases] == ["enqueue one by one", "bulk enqueue"]
+    assert all(float(p.split()[-2].replace(",", "")) > 0 for p in phases)
+    assert lines[-1].startswith("PostgreSQL ") and "400 tasks" in lines[-1]
+    assert "burn-down" not in kept.stdout and "latency" not in kept.stdout
+    assert schema_comment(db, bench_schema) == (True, "pgtasks bench")
+
+    # A schema the bench created (kept, or left by an interrupted run) is taken back freely.
+    again = run_cli(
+        env, "bench", "--schema", bench_schema, "--tasks", "400", "--only", "enqueue", "--json"
+    )
+    assert again.returncode == 0, again.stderr
+    assert set(json.loads(again.stdout)["phases"]) == {"enqueue", "bulk_enqueue"}
+    assert schema_comment(db, bench_schema) == (False, None)
+
+
+def test_refuses_a_schema_it_did_not_create(
+    env: dict[str, str], bench_schema: str, db: psycopg.Connection[Any]
+) -> None:
+    ident = sql.Identifier(bench_schema)
+    db.execute(sql.SQL("CREATE SCHEMA {}").format(ident))
+    db.execute(sql.SQL("CREATE TABLE {}.precious (x int)").format(ident))
+
+    refused = run_cli(env, "bench", "--schema", bench_schema, "--only", "enqueue")
+    assert refused.returncode == 1
+    assert_one_clean_error(refused.stderr)
+    assert "not created by pgtasks bench" in refused.stderr and "--force" in refused.stderr
+    assert schema_comment(db, bench_schema) == (True, None)
+    assert db.execute(
+        "SELECT to_regclass(%s) IS NOT NULL", (f"{bench_schema}.precious",)
+    ).fetchone() == (True,)
+
+    forced = run_cli(
+        env, "bench", "--schema", bench_schema, "--only", "enqueue", "--tasks", "10", "--force"
+    )
+    assert forced.returncode == 0, forced.stderr
+    assert schema_comment(db, bench_schema) == (False, None)
+
+
+def test_bad_phase_and_missing_database_are_usage_errors(pg_dsn: str) -> None:
+    env = cli_env(pg_dsn, "unused")
+    bad = run_cli(env, "bench", "--only", "enqueue,warp")
+    assert bad.returncode == 2
+    assert "unknown phase 'warp'" in bad.stderr
+    del env["PGTASKS_DATABASE_URL"]
+    missing = run_cli(env, "bench")
+    assert missing.returncode == 2
+    assert "--database-url" in missing.stderr
