@@ -64,6 +64,7 @@ def test_three_worker_processes_share_one_rate(
     bucket = one(db, "SELECT next_at FROM rate_limits WHERE key = 'task:coord.limited'")
     assert bucket["next_at"] >= slots[-1] + timedelta(seconds=every)
 
+
 def test_later_slots_wait_in_the_row_and_unlimited_tasks_go_on(
     app: Celery, db: psycopg.Connection[Any], worker_factory: WorkerFactory
 ) -> None:
