@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 from psycopg import errors, sql
-from psycopg.rows import dict_row
+from psycopg.rows import args_row, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
@@ -177,10 +177,14 @@ class Broker:
         self._pool = None
 
     def _all(
-        self, name: str, params: dict[str, Any], conn: psycopg.Connection[Any] | None = None
+        self,
+        name: str,
+        params: dict[str, Any],
+        conn: psycopg.Connection[Any] | None = None,
+        row_factory: Any = dict_row,
     ) -> list[Row]:
         if conn is not None:
-            return self._run(conn, name, params)
+            return self._run(conn, name, params, row_factory)
         # A pooled connection may have been closed by the server since its last use (a restart,
         # a failover, pg_terminate_backend): the pool drops a broken connection when it comes
         # back, so the statement is sent again on another one. Every named query is one
@@ -192,7 +196,7 @@ class Broker:
             try:
                 with self.pool.connection(timeout=self.connect_timeout) as c:
                     used = c
-                    return self._run(c, name, params)
+                    return self._run(c, name, params, row_factory)
             except errors.UniqueViolation:
                 if attempt > 1 and name in ("insert_task", "insert_tasks"):
                     return []  # the first attempt committed before its connection broke
@@ -203,8 +207,14 @@ class Broker:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _run(self, conn: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> list[Row]:
-        with conn.cursor(row_factory=dict_row) as cur:
+    def _run(
+        self,
+        conn: psycopg.Connection[Any],
+        name: str,
+        params: dict[str, Any],
+        row_factory: Any = dict_row,
+    ) -> list[Row]:
+        with conn.cursor(row_factory=row_factory) as cur:
             cur.execute(self.q[name], params)
             return cur.fetchall() if cur.description else []
 
@@ -300,11 +310,13 @@ class Broker:
         self, worker: str, queues: Sequence[str], limit: int, lease: float
     ) -> list[ClaimedTask]:
         """Claim up to ``limit`` due tasks in priority order (one statement)."""
-        rows = self._all(
+        # Columns come back in ClaimedTask's field order: built positionally, no dict per row.
+        claimed: list[Any] = self._all(
             "claim_batch",
             {"worker": worker, "queues": list(queues), "limit": limit, "lease": lease},
+            row_factory=args_row(ClaimedTask),
         )
-        return [ClaimedTask(**row) for row in rows]
+        return claimed
 
     def renew(self, worker: str, owned: Sequence[tuple[str, int]], lease: float) -> dict[str, bool]:
         """Extend the leases of ``owned`` (id, attempt) pairs; returns id -> cancel_requested for

@@ -30,7 +30,7 @@ class TaskMessage:
     max_retries: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ClaimedTask:
     """A row this worker owns until its lease runs out: ``(id, attempt)`` is the fencing token."""
 

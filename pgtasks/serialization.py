@@ -6,6 +6,7 @@ as JSONB so operators can query payloads; any other content type is stored as by
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -57,13 +58,7 @@ def decode(
     accept: Iterable[str] | None,
 ) -> Any:
     """Deserialize; raises ``ContentDisallowed`` for a type not accepted, ``DecodeError`` else."""
-    allowed = (
-        None
-        if accept is None
-        else serialization.prepare_accept_content(  # type: ignore[no-untyped-call]
-            list(accept)
-        )
-    )
+    allowed = None if accept is None else _allowed(tuple(accept))
     try:
         return serialization.loads(  # type: ignore[no-untyped-call]
             data, content_type, content_encoding, accept=allowed
@@ -72,6 +67,12 @@ def decode(
         raise
     except Exception as exc:
         raise DecodeError(str(exc)) from exc
+
+
+@functools.lru_cache(maxsize=64)
+def _allowed(accept: tuple[str, ...]) -> set[str]:
+    """kombu's accepted content types for serializer names (computed once per setting)."""
+    return serialization.prepare_accept_content(list(accept))  # type: ignore[no-any-return,no-untyped-call]
 
 
 def find_unencodable(args: Iterable[Any], kwargs: dict[str, Any], serializer: str) -> str | None:

@@ -34,6 +34,7 @@ SELECT i.id, i.name, i.queue, i.priority,
 -- name: claim_batch
 -- Claim up to %(limit)s due PENDING rows of the given queues in priority order, in one statement:
 -- lock with SKIP LOCKED, mark RUNNING under this worker's lease, bump the attempt (the fencing token).
+-- The RETURNING columns are in the order of pgtasks.message.ClaimedTask's fields (built positionally).
 -- One ordered index scan per queue (a plain "queue = ANY(...)" would sort every pending row).
 WITH due AS (
     SELECT c.id

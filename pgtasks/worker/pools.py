@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import signal
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing import connection as mpc
 from multiprocessing import get_context
 from typing import TYPE_CHECKING, Any
@@ -73,29 +73,52 @@ class Pool:
 
 
 class ThreadPool(Pool):
+    """Tasks run in ``concurrency`` threads of the worker process, fed through one queue.
+
+    Plain threads and a queue rather than ``concurrent.futures``: no Future or callback per
+    task, and a cold stop does not wait for a running task (its lease runs out instead).
+    """
+
     name = "threads"
 
     def start(self) -> None:
-        self._executor = ThreadPoolExecutor(
-            max_workers=self.concurrency, thread_name_prefix="pgtasks-task"
-        )
+        self._jobs: queue.SimpleQueue[tuple[Job, Done] | None] = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._run, name=f"pgtasks-task-{i}", daemon=True)
+            for i in range(self.concurrency)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, job: Job, done: Done) -> None:
         self._take()
-        future = self._executor.submit(execute, self.app, job)
+        self._jobs.put((job, done))
 
-        def finished(f: Future[Outcome]) -> None:
-            self._give()
+    def _run(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            job, done = item
             try:
-                outcome = f.result()
+                outcome = execute(self.app, job)
             except BaseException as exc:  # execute() does not raise; this is a last guard
                 outcome = Outcome(job.id, job.attempt, LOST, time.time(), 0.0, error=repr(exc))
+            self._give()
             done(outcome)
 
-        future.add_done_callback(finished)
-
     def stop(self, wait: bool) -> None:
-        self._executor.shutdown(wait=wait, cancel_futures=not wait)
+        if not wait:
+            # Jobs not started yet stay unstarted: their leases run out and others reclaim them.
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    if self._jobs.get_nowait() is not None:
+                        self._give()
+        for _ in self._threads:
+            self._jobs.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
 
 
 class SoloPool(ThreadPool):

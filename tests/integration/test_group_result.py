@@ -39,9 +39,9 @@ def test_group_is_enqueued_in_one_statement(
     ran: list[str] = []
     original = Broker._run
 
-    def spy(self: Broker, conn: Any, name: str, params: dict[str, Any]) -> Any:
+    def spy(self: Broker, conn: Any, name: str, params: dict[str, Any], *rest: Any) -> Any:
         ran.append(name)
-        return original(self, conn, name, params)
+        return original(self, conn, name, params, *rest)
 
     monkeypatch.setattr(Broker, "_run", spy)
     # When a 100-member group is applied
