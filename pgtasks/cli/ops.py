@@ -15,6 +15,7 @@ import psycopg
 
 from pgtasks.cli.main import cli, get_app
 from pgtasks.exceptions import ImproperlyConfigured, PgTasksError
+from pgtasks.utils.humanize import duration
 
 
 def _comma_list(value: str | None) -> list[str] | None:
@@ -33,20 +34,6 @@ def _jsonable(value: Any) -> Any:
 
 def _dump(value: Any) -> str:
     return json.dumps(value, default=_jsonable)
-
-
-def _age(seconds: float | None) -> str:
-    """A wait as a person reads it: ``12 s``, ``4m05s``, ``3h20m``, ``2d04h``."""
-    if seconds is None:
-        return "-"
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> str:
@@ -129,7 +116,7 @@ def queues(ctx: click.Context, queues: str | None, window: float, as_json: bool)
             str(r["scheduled"]),
             str(r["running"]),
             str(r["dead"]),
-            _age(r["oldest_due_age"]),
+            duration(r["oldest_due_age"]),
             str(r["expired_leases"]),
             f"{r['throughput']:.1f}",
         ]
@@ -470,7 +457,7 @@ def health(
         raise click.exceptions.Exit(1 if reasons else 0)
     if reasons:
         _unhealthy("; ".join(reasons))
-    waited = "nothing due" if age is None else f"oldest due task waited {_age(age)}"
+    waited = "nothing due" if age is None else f"oldest due task waited {duration(age)}"
     click.echo(
         f"ok: {waited}, {report['expired_leases']} expired leases, "
         f"{report['dead_per_minute']:.1f} dead letters/min, "

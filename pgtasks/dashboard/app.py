@@ -29,6 +29,7 @@ from pgtasks.dashboard import data
 from pgtasks.dashboard.data import BadRequest, TaskFilters
 from pgtasks.dashboard.security import COOKIE, SAFE_METHODS, Security, local_path
 from pgtasks.exceptions import PgTasksError
+from pgtasks.utils.humanize import duration
 
 if TYPE_CHECKING:
     from pgtasks.app import Celery
@@ -56,20 +57,6 @@ def _dt(value: Any) -> str:
     if isinstance(value, datetime):
         return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
     return str(value)
-
-
-def _age(seconds: Any) -> str:
-    """A duration as a person reads it: ``12 s``, ``4m05s``, ``3h20m``, ``2d04h``."""
-    if seconds is None:
-        return "-"
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def _firstline(value: Any, width: int = 120) -> str:
@@ -115,7 +102,11 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(
-        dt=_dt, age=_age, firstline=_firstline, pretty=_pretty, q=lambda v: quote(str(v), safe="")
+        dt=_dt,
+        age=duration,
+        firstline=_firstline,
+        pretty=_pretty,
+        q=lambda v: quote(str(v), safe=""),
     )
     env.globals.update(statuses=data.STATUSES, chart_bars=chart_bars, urlencode=urlencode)
     return env
