@@ -76,17 +76,14 @@ WITH owned AS (
     -- walk every RUNNING row.
     SELECT t.id
       FROM {schema}.tasks AS t
-      JOIN unnest(%(ids)s::text[], %(attempts)s::int[]) AS i(id, attempt)
-        ON t.id = i.id AND t.attempt = i.attempt
-     WHERE t.id = ANY(%(ids)s::text[])
-       AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+     WHERE t.id = ANY(%(ids)s::text[]) AND t.claimed_by = %(worker)s
      ORDER BY t.id
        FOR UPDATE OF t
 )
 UPDATE {schema}.tasks AS t
    SET lease_until = now() + make_interval(secs => %(lease)s::float8)
-  FROM owned
- WHERE t.id = ANY(%(ids)s::text[]) AND t.id = owned.id
+  FROM owned JOIN unnest(%(ids)s::text[], %(attempts)s::int[]) AS i(id, attempt) USING (id)
+ WHERE t.id = owned.id AND t.attempt = i.attempt
    AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
 RETURNING t.id, t.cancel_requested
 
@@ -101,11 +98,11 @@ WITH input AS (
                   %(states)s::text[])
         AS i(id, attempt, store, content_type, result, started_at, state)
 ), owned AS (
+    -- Lock in id order (as renew_leases does) so two batches of one worker never deadlock.
+    -- Only the primary key is read here: ownership is checked by the update below.
     SELECT t.id
       FROM {schema}.tasks AS t
-      JOIN input AS i ON t.id = i.id AND t.attempt = i.attempt
-     WHERE t.id = ANY(%(ids)s::text[])
-       AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+     WHERE t.id = ANY(%(ids)s::text[]) AND t.claimed_by = %(worker)s
      ORDER BY t.id
        FOR UPDATE OF t
 ), done AS (
@@ -113,26 +110,25 @@ WITH input AS (
        SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'COMPLETED' END,
            error = CASE WHEN t.cancel_requested THEN 'revoked while running' END,
            claimed_by = NULL, lease_until = NULL, updated_at = now()
-      FROM input AS i, owned
-     WHERE t.id = ANY(%(ids)s::text[]) AND t.id = owned.id AND t.id = i.id
-       AND t.attempt = i.attempt
+      FROM owned JOIN input AS i USING (id)
+     WHERE t.id = owned.id AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
-    RETURNING t.id, t.attempt, t.status
+    RETURNING t.id, t.attempt, t.status, i.store, i.content_type, i.result, i.started_at, i.state
 ), saved AS (
     INSERT INTO {schema}.results AS r (task_id, state, content_type, result, traceback, date_done)
-    SELECT d.id, CASE d.status WHEN 'COMPLETED' THEN i.state ELSE 'REVOKED' END,
-           i.content_type, CASE d.status WHEN 'COMPLETED' THEN i.result END, NULL, now()
-      FROM done AS d JOIN input AS i USING (id)
-     WHERE i.store
+    SELECT d.id, CASE d.status WHEN 'COMPLETED' THEN d.state ELSE 'REVOKED' END,
+           d.content_type, CASE d.status WHEN 'COMPLETED' THEN d.result END, NULL, now()
+      FROM done AS d
+     WHERE d.store
     ON CONFLICT (task_id) DO UPDATE
        SET state = EXCLUDED.state, content_type = EXCLUDED.content_type,
            result = EXCLUDED.result, traceback = NULL, date_done = EXCLUDED.date_done
 ), history AS (
     INSERT INTO {schema}.attempts (task_id, attempt, worker, started_at, outcome)
-    SELECT d.id, d.attempt, %(worker)s, i.started_at,
-           CASE WHEN d.status = 'COMPLETED' AND i.state = 'IGNORED' THEN 'ignored'
+    SELECT d.id, d.attempt, %(worker)s, d.started_at,
+           CASE WHEN d.status = 'COMPLETED' AND d.state = 'IGNORED' THEN 'ignored'
                 ELSE lower(d.status) END
-      FROM done AS d JOIN input AS i USING (id)
+      FROM done AS d
     ON CONFLICT DO NOTHING
 )
 SELECT id, status FROM done
@@ -147,11 +143,11 @@ WITH input AS (
                   %(results)s::bytea[], %(started)s::timestamptz[])
         AS i(id, attempt, status, error, traceback, store, content_type, result, started_at)
 ), owned AS (
+    -- Lock in id order (as renew_leases does) so two batches of one worker never deadlock.
+    -- Only the primary key is read here: ownership is checked by the update below.
     SELECT t.id
       FROM {schema}.tasks AS t
-      JOIN input AS i ON t.id = i.id AND t.attempt = i.attempt
-     WHERE t.id = ANY(%(ids)s::text[])
-       AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+     WHERE t.id = ANY(%(ids)s::text[]) AND t.claimed_by = %(worker)s
      ORDER BY t.id
        FOR UPDATE OF t
 ), done AS (
@@ -159,9 +155,8 @@ WITH input AS (
        SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE i.status END,
            error = i.error, traceback = i.traceback,
            claimed_by = NULL, lease_until = NULL, updated_at = now()
-      FROM input AS i, owned
-     WHERE t.id = ANY(%(ids)s::text[]) AND t.id = owned.id AND t.id = i.id
-       AND t.attempt = i.attempt
+      FROM owned JOIN input AS i USING (id)
+     WHERE t.id = owned.id AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
     RETURNING t.id, t.attempt, t.status
 ), saved AS (
@@ -194,11 +189,11 @@ WITH input AS (
         AS i(id, attempt, retries, delay, eta, error, traceback, outcome, started_at,
              content_type, result)
 ), owned AS (
+    -- Lock in id order (as renew_leases does) so two batches of one worker never deadlock.
+    -- Only the primary key is read here: ownership is checked by the update below.
     SELECT t.id
       FROM {schema}.tasks AS t
-      JOIN input AS i ON t.id = i.id AND t.attempt = i.attempt
-     WHERE t.id = ANY(%(ids)s::text[])
-       AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+     WHERE t.id = ANY(%(ids)s::text[]) AND t.claimed_by = %(worker)s
      ORDER BY t.id
        FOR UPDATE OF t
 ), done AS (
@@ -209,9 +204,8 @@ WITH input AS (
            headers = t.headers - 'rate_slot',
            error = i.error, traceback = i.traceback,
            claimed_by = NULL, lease_until = NULL, updated_at = now()
-      FROM input AS i, owned
-     WHERE t.id = ANY(%(ids)s::text[]) AND t.id = owned.id AND t.id = i.id
-       AND t.attempt = i.attempt
+      FROM owned JOIN input AS i USING (id)
+     WHERE t.id = owned.id AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
     RETURNING t.id, t.attempt, t.status, t.run_at
 ), saved AS (
@@ -239,11 +233,11 @@ WITH input AS (
       FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(delays)s::float8[], %(errors)s::text[])
         AS i(id, attempt, delay, error)
 ), owned AS (
+    -- Lock in id order (as renew_leases does) so two batches of one worker never deadlock.
+    -- Only the primary key is read here: ownership is checked by the update below.
     SELECT t.id
       FROM {schema}.tasks AS t
-      JOIN input AS i ON t.id = i.id AND t.attempt = i.attempt
-     WHERE t.id = ANY(%(ids)s::text[])
-       AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+     WHERE t.id = ANY(%(ids)s::text[]) AND t.claimed_by = %(worker)s
      ORDER BY t.id
        FOR UPDATE OF t
 )
@@ -253,9 +247,8 @@ UPDATE {schema}.tasks AS t
        run_at = now() + make_interval(secs => i.delay),
        error = COALESCE(i.error, t.error),
        claimed_by = NULL, lease_until = NULL, updated_at = now()
-  FROM input AS i, owned
- WHERE t.id = ANY(%(ids)s::text[]) AND t.id = owned.id AND t.id = i.id
-   AND t.attempt = i.attempt
+  FROM owned JOIN input AS i USING (id)
+ WHERE t.id = owned.id AND t.attempt = i.attempt
    AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
 RETURNING t.id, t.status
 
