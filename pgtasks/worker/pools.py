@@ -39,12 +39,19 @@ class Pool:
     """What the worker needs of a pool."""
 
     name = "base"
+    #: The pool takes jobs beyond its free slots and starts each as a slot frees up, with no
+    #: call back into the worker in between (threads run job after job from one queue).
+    #: Pools without it are handed a job only when a slot is free.
+    queue_ahead = False
 
     def __init__(self, app: Celery, concurrency: int) -> None:
         self.app = app
         self.concurrency = max(1, concurrency)
         self._busy = 0
         self._lock = threading.Lock()
+        #: Called where the job runs, just before it starts, by a pool that queues ahead (the
+        #: worker logs the start there rather than when it hands the job over).
+        self.on_start: Callable[[Job], None] | None = None
 
     def start(self) -> None:
         """Start the pool's threads or processes."""
@@ -68,6 +75,14 @@ class Pool:
     def submit(self, job: Job, done: Done) -> None:
         raise NotImplementedError
 
+    def waiting(self) -> int:
+        """Jobs submitted ahead that have not started yet."""
+        return 0
+
+    def take_waiting(self) -> list[Job]:
+        """Take back the jobs that have not started (to hand their rows back)."""
+        return []
+
     def stop(self, wait: bool) -> None:
         """Stop; ``wait`` lets running tasks finish first."""
 
@@ -76,10 +91,17 @@ class ThreadPool(Pool):
     """Tasks run in ``concurrency`` threads of the worker process, fed through one queue.
 
     Plain threads and a queue rather than ``concurrent.futures``: no Future or callback per
-    task, and a cold stop does not wait for a running task (its lease runs out instead).
+    task, and a cold stop does not wait for a running task (its lease runs out instead). The
+    worker queues its prefetched jobs here at once, so a thread goes from one job to the next
+    without waiting for the worker's loop.
     """
 
     name = "threads"
+    queue_ahead = True
+
+    def __init__(self, app: Celery, concurrency: int) -> None:
+        super().__init__(app, concurrency)
+        self._waiting = 0
 
     def start(self) -> None:
         self._jobs: queue.SimpleQueue[tuple[Job, Done] | None] = queue.SimpleQueue()
@@ -91,8 +113,28 @@ class ThreadPool(Pool):
             thread.start()
 
     def submit(self, job: Job, done: Done) -> None:
-        self._take()
+        with self._lock:
+            self._busy += 1
+            self._waiting += 1
         self._jobs.put((job, done))
+
+    def waiting(self) -> int:
+        return self._waiting
+
+    def take_waiting(self) -> list[Job]:
+        jobs: list[Job] = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                item = self._jobs.get_nowait()
+                if item is None:
+                    # A stop marker: leave it for the threads.
+                    self._jobs.put(None)
+                    break
+                with self._lock:
+                    self._busy -= 1
+                    self._waiting -= 1
+                jobs.append(item[0])
+        return jobs
 
     def _run(self) -> None:
         while True:
@@ -100,7 +142,11 @@ class ThreadPool(Pool):
             if item is None:
                 return
             job, done = item
+            with self._lock:
+                self._waiting -= 1
             try:
+                if self.on_start is not None:
+                    self.on_start(job)
                 outcome = execute(self.app, job)
             except BaseException as exc:  # execute() does not raise; this is a last guard
                 outcome = Outcome(job.id, job.attempt, LOST, time.time(), 0.0, error=repr(exc))
@@ -110,10 +156,7 @@ class ThreadPool(Pool):
     def stop(self, wait: bool) -> None:
         if not wait:
             # Jobs not started yet stay unstarted: their leases run out and others reclaim them.
-            with contextlib.suppress(queue.Empty):
-                while True:
-                    if self._jobs.get_nowait() is not None:
-                        self._give()
+            self.take_waiting()
         for _ in self._threads:
             self._jobs.put(None)
         if wait:

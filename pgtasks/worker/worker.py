@@ -116,6 +116,7 @@ class Worker:
         self._buffer: deque[ex.Job] = deque()
         self.log = log.bind(worker_id=self.id)
         self._inflight: dict[str, InFlight] = {}
+        self._backpressure = False
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -142,6 +143,8 @@ class Worker:
         signals.worker_init.send(sender=self)
         self.metrics = create_metrics(self.id, broker, self.metrics_port, self.lease)
         self.pool = create_pool(self.pool_name, app, self.concurrency, self.max_tasks_per_child)
+        if self.pool.queue_ahead:
+            self.pool.on_start = self._started
         self._warn_unenforced_limits()
         self.pool.start()  # before any thread starts: prefork children are forked here
         self.completer = Completer(broker, self.id, self._written)
@@ -220,12 +223,17 @@ class Worker:
             if not self.fixed_prefetch:
                 self.prefetch_extra = self._adaptive_prefetch()
             want = self.pool.free_slots() + self.prefetch_extra - len(self._buffer)
-            if self._buffer and len(self._buffer) > self.prefetch_extra // 2:
+            backlog = len(self._buffer) + self.pool.waiting()
+            if backlog and backlog > self.prefetch_extra // 2:
                 # Refill the prefetch buffer in batches (one claim for many rows), not row by row.
                 want = 0
-            if self.completer.pending > self.concurrency + self.prefetch_extra + 100:
+            self._backpressure = (
+                self.completer.pending > self.concurrency + self.prefetch_extra + 100
+            )
+            if self._backpressure:
                 # Outcomes are waiting to be written: claim nothing more until they are, so
-                # finished rows never pile up RUNNING behind a slow database.
+                # finished rows never pile up RUNNING behind a slow database (the completer
+                # wakes the loop as it catches up).
                 want = 0
             if want <= 0:
                 self._wake.wait(self.poll_interval)
@@ -309,21 +317,30 @@ class Worker:
         return self.concurrency * min(per_slot, 100)
 
     def _start_buffered(self) -> None:
-        """Hand claimed jobs to the pool while it has free slots."""
-        while self._buffer and self.pool.free_slots() > 0:
+        """Hand claimed jobs to the pool: all of them to a pool that queues ahead, else while
+        it has free slots."""
+        pool = self.pool
+        if pool.queue_ahead:
+            while self._buffer:
+                pool.submit(self._buffer.popleft(), self._done)
+            return
+        while self._buffer and pool.free_slots() > 0:
             job = self._buffer.popleft()
-            self.log.debug(
-                "task.started",
-                task_id=job.id,
-                task_name=job.name,
-                queue=job.queue,
-                attempt=job.attempt,
-                retries=job.retries,
-                args=job.headers.get("argsrepr"),
-                kwargs=job.headers.get("kwargsrepr"),
-            )
-            self.metrics.started(job.name, job.queue)
-            self.pool.submit(job, self._done)
+            self._started(job)
+            pool.submit(job, self._done)
+
+    def _started(self, job: ex.Job) -> None:
+        self.log.debug(
+            "task.started",
+            task_id=job.id,
+            task_name=job.name,
+            queue=job.queue,
+            attempt=job.attempt,
+            retries=job.retries,
+            args=job.headers.get("argsrepr"),
+            kwargs=job.headers.get("kwargsrepr"),
+        )
+        self.metrics.started(job.name, job.queue)
 
     def _burst_done(self, claimed: list[ClaimedTask]) -> bool:
         if not self.burst or claimed or self._has_inflight():
@@ -452,7 +469,11 @@ class Worker:
             entry = self._inflight.get(o.id)
             if entry is not None:
                 entry.finishing = True
-        self._wake.set()
+        pool = self.pool
+        if not pool.queue_ahead or len(self._buffer) + pool.waiting() <= self.prefetch_extra // 2:
+            # A free slot to fill, or the prefetched jobs are running low: wake the loop. A
+            # pool that queues ahead goes on with its queued jobs without it.
+            self._wake.set()
         if entry is None:
             return
         row = entry.task
@@ -613,6 +634,8 @@ class Worker:
         with self._lock:
             entry = self._inflight.pop(item.id, None)
             self.processed += 1
+        if self._backpressure:
+            self._wake.set()
         if status is None:
             self.log.warning(
                 "lease.lost",
@@ -691,9 +714,9 @@ class Worker:
         signal.signal(signal.SIGINT, handler)
 
     def _shutdown(self, threads: list[Any]) -> None:
-        while self._buffer:
-            job = self._buffer.popleft()
+        for job in [*self.pool.take_waiting(), *self._buffer]:
             self._settle(Release(job.id, job.attempt, 0.0, None))
+        self._buffer.clear()
         deadline = time.monotonic() + self.shutdown_grace
         while self.pool.busy() and not self._cold.is_set() and time.monotonic() < deadline:
             self._cold.wait(0.05)
