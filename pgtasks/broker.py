@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg import errors, sql
+from psycopg import errors, pq, sql
 from psycopg.rows import args_row, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
@@ -216,7 +216,11 @@ class Broker:
     ) -> list[Row]:
         with conn.cursor(row_factory=row_factory) as cur:
             cur.execute(self.q[name], params)
-            return cur.fetchall() if cur.description else []
+            # The result's status rather than cur.description, which builds column objects.
+            result = cur.pgresult
+            if result is None or result.status != pq.ExecStatus.TUPLES_OK:
+                return []
+            return cur.fetchall()
 
     def _one(
         self, name: str, params: dict[str, Any], conn: psycopg.Connection[Any] | None = None

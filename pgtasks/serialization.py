@@ -7,14 +7,21 @@ as JSONB so operators can query payloads; any other content type is stored as by
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from kombu import serialization
 from kombu.exceptions import ContentDisallowed, DecodeError, EncodeError
+from kombu.utils import json as kombu_json
 
 JSON = "application/json"
+
+# kombu's json codec, with the encoder and decoder built once rather than on every call. Used
+# only while kombu's own json codec is the registered one (a replacement is always honoured).
+_JSON_ENCODER = kombu_json.JSONEncoder()
+_JSON_DECODER = json.JSONDecoder(object_hook=kombu_json.object_hook)
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,11 @@ class Encoded:
 
 def encode(value: Any, serializer: str) -> Encoded:
     """Serialize with kombu's registry; raises kombu's ``EncodeError`` with the reason."""
+    if serializer == "json" and _kombu_json_codec():
+        try:
+            return Encoded(JSON, "utf-8", _JSON_ENCODER.encode(value).encode("utf-8"))
+        except Exception as exc:
+            raise EncodeError(str(exc)) from exc
     try:
         content_type, encoding, data = serialization.dumps(  # type: ignore[no-untyped-call]
             value, serializer=serializer
@@ -59,6 +71,13 @@ def decode(
 ) -> Any:
     """Deserialize; raises ``ContentDisallowed`` for a type not accepted, ``DecodeError`` else."""
     allowed = None if accept is None else _allowed(tuple(accept))
+    if content_type == JSON and data and allowed is not None and JSON in allowed:
+        if _kombu_json_codec():
+            try:
+                text = data if isinstance(data, str) else bytes(data).decode("utf-8")
+                return _JSON_DECODER.decode(text)
+            except Exception as exc:
+                raise DecodeError(str(exc)) from exc
     try:
         return serialization.loads(  # type: ignore[no-untyped-call]
             data, content_type, content_encoding, accept=allowed
@@ -67,6 +86,17 @@ def decode(
         raise
     except Exception as exc:
         raise DecodeError(str(exc)) from exc
+
+
+def _kombu_json_codec() -> bool:
+    """Whether json is still kombu's own codec (an application may register another)."""
+    registry = serialization.registry
+    codec = registry._encoders.get("json")
+    return (
+        codec is not None
+        and codec.encoder is kombu_json.dumps
+        and registry._decoders.get(JSON) is kombu_json.loads
+    )
 
 
 @functools.lru_cache(maxsize=64)

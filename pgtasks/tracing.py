@@ -37,9 +37,16 @@ def enabled() -> bool:
     return trace is not None
 
 
+def _recording() -> bool:
+    """Whether an application has installed a tracer provider. Until one is, every span is a
+    no-op and carries no context, so the helpers skip the work (the hot path stays cheap)."""
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+
+
 def producer(task_name: str) -> AbstractContextManager[Inject]:
     """``with producer(name) as inject: ...; inject(headers, queue)`` around an enqueue."""
-    if trace is None:
+    if trace is None or not _recording():
         return _NO_PRODUCER
     return _producer(task_name)
 
@@ -63,7 +70,7 @@ def consumer(
     task_name: str, task_id: str, headers: dict[str, Any], attempt: int
 ) -> AbstractContextManager[Any]:
     """The span a worker runs a task in, continuing the trace its headers carry."""
-    if trace is None:
+    if trace is None or not _recording():
         return _NO_CONSUMER
     return _consumer(task_name, task_id, headers, attempt)
 
