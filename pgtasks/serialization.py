@@ -71,13 +71,13 @@ def decode(
 ) -> Any:
     """Deserialize; raises ``ContentDisallowed`` for a type not accepted, ``DecodeError`` else."""
     allowed = None if accept is None else _allowed(tuple(accept))
-    if content_type == JSON and data and allowed is not None and JSON in allowed:
-        if _kombu_json_codec():
-            try:
-                text = data if isinstance(data, str) else bytes(data).decode("utf-8")
-                return _JSON_DECODER.decode(text)
-            except Exception as exc:
-                raise DecodeError(str(exc)) from exc
+    fast = content_type == JSON and data and allowed is not None and JSON in allowed
+    if fast and _kombu_json_codec():
+        try:
+            text = data if isinstance(data, str) else bytes(data).decode("utf-8")
+            return _JSON_DECODER.decode(text)
+        except Exception as exc:
+            raise DecodeError(str(exc)) from exc
     try:
         return serialization.loads(  # type: ignore[no-untyped-call]
             data, content_type, content_encoding, accept=allowed
