@@ -8,6 +8,8 @@ own connection can be passed to the enqueue methods to enqueue inside the caller
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -260,12 +262,9 @@ class Broker:
         """Insert many task rows in one statement."""
         if not msgs:
             return
-        cols: dict[str, list[Any]] = {}
-        for msg in msgs:
-            for key, value in self._params(msg).items():
-                cols.setdefault(key, []).append(value)
+        rows = json.dumps([_json_row(msg) for msg in msgs], separators=(",", ":"))
         with _storage_errors(None):
-            self._all("insert_tasks", cols, conn)
+            self._all("insert_tasks", {"rows": rows}, conn)
 
     # -- periodic tasks ----------------------------------------------------------------------
 
@@ -911,6 +910,27 @@ class Broker:
     def drop_schema(self) -> None:
         """Drop the schema and everything in it."""
         self._all("drop_schema", {})
+
+
+def _json_row(msg: TaskMessage) -> dict[str, Any]:
+    """One row of ``insert_tasks`` (times as ISO 8601 with their offset, bytes as base64)."""
+    raw = msg.body.raw
+    return {
+        "id": msg.id,
+        "name": msg.name,
+        "queue": msg.queue,
+        "priority": msg.priority,
+        "eta": msg.eta.isoformat() if msg.eta is not None else None,
+        "countdown": msg.countdown,
+        "expires_at": msg.expires_at.isoformat() if msg.expires_at is not None else None,
+        "expires_in": msg.expires_in,
+        "content_type": msg.body.content_type,
+        "content_encoding": msg.body.content_encoding,
+        "payload": msg.body.json_text,
+        "payload_raw": base64.b64encode(raw).decode("ascii") if raw is not None else None,
+        "headers": msg.headers,
+        "max_retries": msg.max_retries,
+    }
 
 
 @contextmanager
