@@ -43,9 +43,14 @@ class Encoded:
         return None if self.content_type == JSON else self.data
 
 
+_JSON_NULL = Encoded(JSON, "utf-8", b"null")
+
+
 def encode(value: Any, serializer: str) -> Encoded:
     """Serialize with kombu's registry; raises kombu's ``EncodeError`` with the reason."""
     if serializer == "json" and _kombu_json_codec():
+        if value is None:  # what most tasks return
+            return _JSON_NULL
         try:
             return Encoded(JSON, "utf-8", _JSON_ENCODER.encode(value).encode("utf-8"))
         except Exception as exc:

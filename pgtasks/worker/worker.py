@@ -4,6 +4,7 @@ claim and dispatch until told to stop, then shut down warm (or cold on a second 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -115,6 +116,7 @@ class Worker:
         self._runtime_ewma: float | None = None
         self._buffer: deque[ex.Job] = deque()
         self.log = log.bind(worker_id=self.id)
+        self._debug = TaskLog(self.log, None)._enabled(logging.DEBUG)
         self._inflight: dict[str, InFlight] = {}
         self._backpressure = False
         self._lock = threading.Lock()
@@ -330,6 +332,11 @@ class Worker:
             pool.submit(job, self._done)
 
     def _started(self, job: ex.Job) -> None:
+        if self._debug:
+            self._log_started(job)
+        self.metrics.started(job.name, job.queue)
+
+    def _log_started(self, job: ex.Job) -> None:
         self.log.debug(
             "task.started",
             task_id=job.id,
@@ -340,7 +347,6 @@ class Worker:
             args=job.headers.get("argsrepr"),
             kwargs=job.headers.get("kwargsrepr"),
         )
-        self.metrics.started(job.name, job.queue)
 
     def _burst_done(self, claimed: list[ClaimedTask]) -> bool:
         if not self.burst or claimed or self._has_inflight():
@@ -351,13 +357,7 @@ class Worker:
         """The job to run for a claimed row, or None when the row was settled at once."""
         with self._lock:
             self._inflight[row.id] = InFlight(row)
-        tlog = self.log.bind(
-            task_id=row.id,
-            task_name=row.name,
-            queue=row.queue,
-            attempt=row.attempt,
-            retries=row.retries,
-        )
+        tlog = TaskLog(self.log, row)
         tlog.debug("task.claimed")
         self.metrics.claimed(row.name, row.queue)
         if self._stopping.is_set():
@@ -407,7 +407,7 @@ class Worker:
         )
         return job
 
-    def _unknown(self, row: ClaimedTask, tlog: Any) -> None:
+    def _unknown(self, row: ClaimedTask, tlog: TaskLog) -> None:
         """A row whose task name this worker has not registered.
 
         During a rolling deploy another live worker may know the name: the row is handed back
@@ -478,13 +478,7 @@ class Worker:
             return
         row = entry.task
         started = datetime.fromtimestamp(o.started, tz=timezone.utc)
-        tlog = self.log.bind(
-            task_id=row.id,
-            task_name=row.name,
-            queue=row.queue,
-            attempt=row.attempt,
-            retries=row.retries,
-        )
+        tlog = TaskLog(self.log, row)
         result = o.result.data if o.result else None
         content_type = o.result.content_type if o.result else "application/json"
         final: Final
@@ -739,6 +733,50 @@ class Worker:
         self.log.info("worker.stopped", processed=self.processed)
         signals.worker_shutdown.send(sender=self)
         self.app.close()
+
+
+class TaskLog:
+    """A claimed row's logger, bound to its task id, name, queue and attempt on first use:
+    most runs emit nothing at the worker's level, and binding per row would cost more than
+    running a short task."""
+
+    __slots__ = ("_bound", "_log", "_row")
+
+    def __init__(self, log: Any, row: ClaimedTask | None) -> None:
+        self._log = log
+        self._row = row
+        self._bound: Any = None
+
+    def _enabled(self, level: int) -> bool:
+        check = getattr(self._log, "is_enabled_for", None)
+        return check is None or bool(check(level))
+
+    def _logger(self) -> Any:
+        if self._bound is None:
+            row = self._row
+            assert row is not None
+            self._bound = self._log.bind(
+                task_id=row.id,
+                task_name=row.name,
+                queue=row.queue,
+                attempt=row.attempt,
+                retries=row.retries,
+            )
+        return self._bound
+
+    def debug(self, event: str, **kw: Any) -> None:
+        if self._enabled(logging.DEBUG):
+            self._logger().debug(event, **kw)
+
+    def info(self, event: str, **kw: Any) -> None:
+        if self._enabled(logging.INFO):
+            self._logger().info(event, **kw)
+
+    def warning(self, event: str, **kw: Any) -> None:
+        self._logger().warning(event, **kw)
+
+    def error(self, event: str, **kw: Any) -> None:
+        self._logger().error(event, **kw)
 
 
 #: Metric outcome of each run kind (LOST rows are counted as retried or dead-lettered).
