@@ -1,6 +1,6 @@
 """``pgtasks bench``: what pgtasks does on your database, measured with no-op tasks.
 
-Three phases, run in the schema ``pgtasks_bench`` (created fresh, marked as the bench's by its
+Four phases, run in the schema ``pgtasks_bench`` (created fresh, marked as the bench's by its
 comment, dropped at the end) so the application's own tasks are never touched:
 
 - ``enqueue``: ``task.delay()`` one call at a time, then ``task.apply_many()`` in batches of
@@ -9,7 +9,14 @@ comment, dropped at the end) so the application's own tasks are never touched:
   registered first, then N tasks made visible at once (one transaction), timed until every one
   has finished;
 - ``latency``: on idle workers, paced ``delay()`` calls whose task returns the time it started;
-  the percentiles of start minus send, in milliseconds.
+  the percentiles of start minus send, in milliseconds;
+- ``steady`` (only when asked for): enqueue and processing together at a fixed offered load
+  (by default 80% of the burn-down rate) for several minutes, with latency percentiles and the
+  size of the tables every ten seconds, on workers keeping finished rows for a minute.
+
+Burn-down and steady also report what a task costs the database: WAL bytes per task, and the
+CPU time of the server processes serving the database per 1,000 tasks (read from ``/proc``, so
+only when the server runs on this host).
 
 This module is also the workers' app: they import it with ``-A pgtasks.bench`` and read the
 database URL and schema from ``PGTASKS_DATABASE_URL`` and ``PGTASKS_SCHEMA_NAME``.
@@ -36,7 +43,11 @@ from pgtasks.migrate import migrate
 
 DEFAULT_SCHEMA = "pgtasks_bench"
 #: What ``--only`` accepts; ``enqueue`` covers the one-by-one and the bulk enqueue.
-PHASES = ("enqueue", "burn-down", "latency")
+PHASES = ("enqueue", "burn-down", "latency", "steady")
+#: What runs without ``--only`` (the steady phase takes minutes: it runs when asked for).
+DEFAULT_PHASES = ("enqueue", "burn-down", "latency")
+#: The steady phase samples latency and sizes this often (seconds).
+WINDOW = 10.0
 BATCH = 1000
 
 app = Celery(
@@ -73,7 +84,12 @@ class Options:
     prefetch_multiplier: int | None = None
     latency_samples: int = 300
     rate: float = 50.0
-    phases: Sequence[str] = PHASES
+    phases: Sequence[str] = DEFAULT_PHASES
+    steady_seconds: float = 300.0
+    #: Offered load of the steady phase; None: 80% of this run's burn-down rate.
+    steady_rate: float | None = None
+    #: finished_task_retention and result_expires of the steady phase's workers (seconds).
+    steady_retention: float = 60.0
     keep: bool = False
     force: bool = False
 
@@ -182,10 +198,14 @@ class Workers:
 
 
 @contextlib.contextmanager
-def started_workers(opts: Options, progress: Progress) -> Iterator[Workers]:
-    """``opts.workers`` worker processes, registered and idle, for the block; always stopped."""
+def started_workers(
+    opts: Options, progress: Progress, settings: dict[str, str] | None = None
+) -> Iterator[Workers]:
+    """``opts.workers`` worker processes, registered and idle, for the block; always stopped.
+    ``settings`` are extra ``PGTASKS_*`` variables for them."""
     env = {k: v for k, v in os.environ.items() if k != "PGTASKS_APP"}
     env.update(PGTASKS_DATABASE_URL=opts.database_url, PGTASKS_SCHEMA_NAME=opts.schema)
+    env.update(settings or {})
     workers = Workers()
     try:
         for i in range(opts.workers):
@@ -228,6 +248,50 @@ def started_workers(opts: Options, progress: Progress) -> Iterator[Workers]:
         workers.stop()
 
 
+# -- cost per task ----------------------------------------------------------------------------
+
+
+def _server_cpu(pids: Sequence[int]) -> dict[int, float]:
+    """CPU seconds so far of the local PostgreSQL processes among ``pids`` (none when the
+    server runs elsewhere)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    seconds: dict[int, float] = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() != "postgres":
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        seconds[pid] = (int(fields[11]) + int(fields[12])) / tick
+    return seconds
+
+
+@dataclass
+class CostMeter:
+    """WAL written and server CPU used over a stretch of work."""
+
+    lsn: str
+    cpu: dict[int, float]
+
+    @classmethod
+    def start(cls) -> CostMeter:
+        sample = app.broker.bench_cost_sample()
+        return cls(str(sample["lsn"]), _server_cpu(sample["pids"]))
+
+    def stop(self, tasks: int) -> dict[str, float | None]:
+        wal = app.broker.bench_wal_bytes(self.lsn)
+        end = _server_cpu(app.broker.bench_cost_sample()["pids"])
+        # Processes that started meanwhile count from zero; those that ended are missed.
+        cpu = sum(v - self.cpu.get(pid, 0.0) for pid, v in end.items()) if end else None
+        return {
+            "wal_bytes_per_task": wal / tasks if tasks else None,
+            "db_cpu_ms_per_1000_tasks": cpu * 1e6 / tasks if cpu is not None and tasks else None,
+        }
+
+
 # -- phases -----------------------------------------------------------------------------------
 
 
@@ -266,6 +330,7 @@ def burn_down(n: int, workers: Workers, progress: Progress) -> dict[str, Any]:
             noop.apply_many([(i,) for i in range(start, stop)], connection=conn)
             progress.status(f"burn-down: preparing {_bar(stop, n)}")
         conn.commit()
+    meter = CostMeter.start()
     t0 = time.perf_counter()
     queues = [app.settings.default_queue]
     left = n
@@ -289,8 +354,9 @@ def burn_down(n: int, workers: Workers, progress: Progress) -> dict[str, Any]:
     if by_status.get("COMPLETED", 0) != n:
         raise BenchError(f"burn-down: expected {n:,} completed tasks, found {by_status}")
     rate = _rate(n, seconds)
+    cost = meter.stop(n)
     progress.result(f"burn-down: {rate:,.0f} tasks/s ({n:,} tasks in {seconds:.2f} s)")
-    return {"tasks": n, "seconds": seconds, "tasks_per_second": rate}
+    return {"tasks": n, "seconds": seconds, "tasks_per_second": rate, **cost}
 
 
 def latency(samples: int, rate: float, workers: Workers, progress: Progress) -> dict[str, Any]:
@@ -319,6 +385,83 @@ def latency(samples: int, rate: float, workers: Workers, progress: Progress) -> 
     progress.result(
         f"delay->start latency: p50 {report['p50_ms']:.2f} ms, p90 {report['p90_ms']:.2f} ms, "
         f"p99 {report['p99_ms']:.2f} ms (n={samples}, {rate:g}/s)"
+    )
+    return report
+
+
+def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
+    """Enqueue at ``rate`` per second while the workers process, for ``opts.steady_seconds``;
+    every WINDOW seconds, the latency of the tasks finished meanwhile and the table sizes."""
+    retention = str(opts.steady_retention)
+    env = {"PGTASKS_FINISHED_TASK_RETENTION": retention, "PGTASKS_RESULT_EXPIRES": retention}
+    broker = app.broker
+    with started_workers(opts, progress, env) as workers:
+        stamp.delay(0.0).get(timeout=30)  # warm-up
+        since = broker.bench_cost_sample()["now"]
+        meter = CostMeter.start()
+        windows: list[dict[str, Any]] = []
+        sent = 0
+        t0 = time.perf_counter()
+        end = t0 + opts.steady_seconds
+        next_window = t0 + WINDOW
+        while True:
+            now = time.perf_counter()
+            if now >= end:
+                break
+            due = int(rate * (now - t0)) - sent
+            if due > 0:
+                at = time.time()
+                for start in range(0, due, BATCH):
+                    stamp.apply_many([(at,)] * min(BATCH, due - start))
+                sent += due
+            if now >= next_window:
+                workers.check()
+                row = broker.bench_steady_window(stamp.name, since)
+                if row["done"]:
+                    since = row["last_done"]
+                p50, p99 = row["ms"] or (None, None)
+                windows.append(
+                    {
+                        "at_s": round(now - t0, 1),
+                        "finished_per_second": row["done"] / WINDOW,
+                        "p50_ms": p50,
+                        "p99_ms": p99,
+                        "unfinished": row["unfinished"],
+                        "tasks_mb": row["tasks_bytes"] / 2**20,
+                        "results_mb": row["results_bytes"] / 2**20,
+                        "attempts_mb": row["attempts_bytes"] / 2**20,
+                    }
+                )
+                next_window += WINDOW
+                progress.status(
+                    f"steady {_bar(int(now - t0), int(opts.steady_seconds))} s  {rate:,.0f}/s "
+                    f"offered, p99 {p99 or 0:.1f} ms, tasks table "
+                    f"{windows[-1]['tasks_mb']:.0f} MB"
+                )
+            time.sleep(0.01)
+        cost = meter.stop(sent)
+    if not windows:
+        raise BenchError(f"--steady-seconds must cover at least one {WINDOW:g} s window")
+    p99s = [w["p99_ms"] for w in windows if w["p99_ms"] is not None]
+    half = len(p99s) // 2 or 1
+    sizes = [w["tasks_mb"] + w["results_mb"] + w["attempts_mb"] for w in windows]
+    report = {
+        "seconds": opts.steady_seconds,
+        "offered_per_second": rate,
+        "sent": sent,
+        "retention_seconds": opts.steady_retention,
+        "p99_ms_first_half": percentile(p99s[:half], 50) if p99s else None,
+        "p99_ms_second_half": percentile(p99s[half:] or p99s, 50) if p99s else None,
+        "size_mb_max": max(sizes),
+        "size_mb_last": sizes[-1],
+        "windows": windows,
+        **cost,
+    }
+    progress.result(
+        f"steady: {rate:,.0f} tasks/s offered for {opts.steady_seconds:g} s; median window "
+        f"p99 {report['p99_ms_first_half'] or 0:.1f} ms in the first half, "
+        f"{report['p99_ms_second_half'] or 0:.1f} ms in the second; tables at most "
+        f"{report['size_mb_max']:.0f} MB"
     )
     return report
 
@@ -414,6 +557,14 @@ def _run_phases(opts: Options, progress: Progress, phases: dict[str, Any]) -> No
                 phases["burn_down"] = burn_down(opts.tasks, workers, progress)
             if "latency" in opts.phases:
                 phases["latency"] = latency(opts.latency_samples, opts.rate, workers, progress)
+    if "steady" in opts.phases:
+        rate = opts.steady_rate
+        if rate is None:
+            if "burn_down" not in phases:
+                raise BenchError("give --steady-rate, or run the burn-down phase to take 80% of it")
+            rate = 0.8 * phases["burn_down"]["tasks_per_second"]
+        app.broker.purge()
+        phases["steady"] = steady(opts, rate, progress)
 
 
 # -- the report -------------------------------------------------------------------------------
@@ -436,6 +587,26 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     if "latency" in phases:
         for p in ("p50", "p90", "p99"):
             rows.append((f"delay->start {p}", f"{phases['latency'][f'{p}_ms']:.2f}", "ms"))
+    if "steady" in phases:
+        st = phases["steady"]
+        rows.append(("steady offered load", f"{st['offered_per_second']:,.0f}", "tasks/s"))
+        for half in ("first", "second"):
+            value = st[f"p99_ms_{half}_half"]
+            if value is not None:
+                rows.append((f"steady p99, {half} half", f"{value:.2f}", "ms"))
+        rows.append(("steady tables, largest", f"{st['size_mb_max']:,.0f}", "MB"))
+    for key, label in (("burn_down", "burn-down"), ("steady", "steady")):
+        figures = phases.get(key, {})
+        if figures.get("wal_bytes_per_task") is not None:
+            rows.append((f"{label} WAL per task", f"{figures['wal_bytes_per_task']:,.0f}", "bytes"))
+        if figures.get("db_cpu_ms_per_1000_tasks") is not None:
+            rows.append(
+                (
+                    f"{label} server CPU per 1,000 tasks",
+                    f"{figures['db_cpu_ms_per_1000_tasks']:,.0f}",
+                    "ms",
+                )
+            )
     return rows
 
 
@@ -460,7 +631,7 @@ def format_report(report: dict[str, Any]) -> str:
 def parse_phases(value: str | None) -> list[str]:
     """``--only``'s comma-separated list, in the order the phases run."""
     if not value:
-        return list(PHASES)
+        return list(DEFAULT_PHASES)
     wanted = {v.strip() for v in value.split(",") if v.strip()}
     unknown = wanted - set(PHASES)
     if unknown:

@@ -911,6 +911,22 @@ class Broker:
         """Drop the schema and everything in it."""
         self._all("drop_schema", {})
 
+    def bench_cost_sample(self) -> Row:
+        """WAL position and the pids of the server processes serving this database."""
+        row = self._one("bench_cost_sample", {})
+        assert row is not None
+        return row
+
+    def bench_wal_bytes(self, since: str) -> int:
+        row = self._one("bench_wal_bytes", {"since": since})
+        return int(row["bytes"]) if row else 0
+
+    def bench_steady_window(self, name: str, since: datetime) -> Row:
+        """Latency percentiles of stamp tasks finished after ``since``, and table sizes."""
+        row = self._one("bench_steady_window", {"name": name, "since": since})
+        assert row is not None
+        return row
+
 
 def _json_row(msg: TaskMessage) -> dict[str, Any]:
     """One row of ``insert_tasks`` (times as ISO 8601 with their offset, bytes as base64)."""

@@ -93,7 +93,22 @@ def _database_url(ctx: click.Context, given: str | None) -> str:
 @click.option(
     "--only",
     metavar="PHASES",
-    help="Comma-separated phases to run: enqueue, burn-down, latency (default: all).",
+    help="Comma-separated phases to run: enqueue, burn-down, latency, steady "
+    "(default: all but steady).",
+)
+@click.option(
+    "--steady-seconds",
+    metavar="S",
+    type=click.FloatRange(min=10.0),
+    default=300.0,
+    show_default=True,
+    help="How long the steady phase runs.",
+)
+@click.option(
+    "--steady-rate",
+    metavar="PER_S",
+    type=click.FloatRange(min=1.0),
+    help="Offered load of the steady phase (default: 80% of the burn-down rate).",
 )
 @click.option("-j", "--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option("--keep", is_flag=True, help="Keep the schema afterwards (to look at the rows).")
@@ -116,6 +131,8 @@ def bench(
     latency_samples: int,
     rate: float,
     only: str | None,
+    steady_seconds: float,
+    steady_rate: float | None,
     as_json: bool,
     keep: bool,
     force: bool,
@@ -130,6 +147,12 @@ def bench(
                  at once, timed from then until every task has finished: tasks/s
       latency    --latency-samples delay() calls at --rate per second on idle
                  workers: p50/p90/p99 from send to task start, in ms
+      steady     only with --only: enqueue at --steady-rate while the workers
+                 process, for --steady-seconds; p50/p99 and table sizes every
+                 10 s, workers keeping finished rows for a minute
+
+    Burn-down and steady also print WAL bytes per task and, when the server runs
+    on this host, its CPU time per 1,000 tasks.
 
     Everything happens in its own schema (--schema), created fresh and dropped at
     the end: your queues are never touched. A schema the bench did not create is
@@ -141,6 +164,7 @@ def bench(
       pgtasks bench --database-url postgresql://app@db/app
       pgtasks -A proj bench --workers 4 -c 4 --pool prefork
       pgtasks bench --only latency --latency-samples 1000 --rate 100
+      pgtasks bench --only burn-down,steady --steady-seconds 300
       pgtasks bench --tasks 2000 --json | jq .phases.burn_down
     """
     from pgtasks import bench as bench_
@@ -161,6 +185,8 @@ def bench(
         latency_samples=latency_samples,
         rate=rate,
         phases=phases,
+        steady_seconds=steady_seconds,
+        steady_rate=steady_rate,
         keep=keep,
         force=force,
     )

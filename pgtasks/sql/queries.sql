@@ -830,3 +830,31 @@ COMMENT ON SCHEMA {schema} IS 'pgtasks bench'
 -- name: drop_schema
 -- Drop the schema and everything in it.
 DROP SCHEMA IF EXISTS {schema} CASCADE
+
+-- name: bench_cost_sample
+-- What the bench needs to compute cost per task: the WAL position, and the server processes
+-- serving this database (their CPU time is read from /proc when the server is local).
+SELECT pg_current_wal_lsn()::text AS lsn,
+       array(SELECT pid FROM pg_stat_activity WHERE datname = current_database()) AS pids,
+       now() AS now
+
+-- name: bench_wal_bytes
+-- Bytes of WAL written since a position returned by bench_cost_sample.
+SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %(since)s::pg_lsn)::bigint AS bytes
+
+-- name: bench_steady_window
+-- Send-to-start latency of the bench's stamp tasks that finished after %(since)s (its argument
+-- is the send time, its result the start time, both read on the bench's host), and the sizes
+-- of the hot table and the result and history tables with their indexes.
+SELECT count(*) AS done,
+       max(r.date_done) AS last_done,
+       percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY
+           (convert_from(r.result, 'UTF8')::float8 - (t.payload -> 0 ->> 0)::float8) * 1000
+       ) AS ms,
+       pg_total_relation_size('{schema}.tasks'::regclass) AS tasks_bytes,
+       pg_total_relation_size('{schema}.results'::regclass) AS results_bytes,
+       pg_total_relation_size('{schema}.attempts'::regclass) AS attempts_bytes,
+       (SELECT count(*) FROM {schema}.tasks WHERE status IN ('PENDING', 'RUNNING')) AS unfinished
+  FROM {schema}.results AS r
+  JOIN {schema}.tasks AS t ON t.id = r.task_id
+ WHERE r.date_done > %(since)s AND t.name = %(name)s

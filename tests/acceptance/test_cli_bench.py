@@ -78,6 +78,7 @@ def test_full_run_reports_every_phase_and_drops_its_schema(
     for name in ("enqueue", "bulk_enqueue", "burn_down"):
         assert phases[name]["tasks_per_second"] > 0
         assert phases[name]["seconds"] > 0
+    assert phases["burn_down"]["wal_bytes_per_task"] > 0
     latency = phases["latency"]
     assert latency["samples"] == 20
     assert 0 < latency["p50_ms"] <= latency["p90_ms"] <= latency["p99_ms"] <= latency["max_ms"]
@@ -92,6 +93,46 @@ def test_full_run_reports_every_phase_and_drops_its_schema(
     assert schema_comment(db, bench_schema) == (False, None)
     # The app's own schema (PGTASKS_SCHEMA_NAME) was not used.
     assert db.execute("SELECT count(*) FROM tasks").fetchone() == (0,)
+
+
+def test_steady_phase_reports_latency_and_sizes_per_window(
+    env: dict[str, str], bench_schema: str
+) -> None:
+    done = run_cli(
+        env,
+        "bench",
+        "--schema",
+        bench_schema,
+        "--only",
+        "steady",
+        "--steady-seconds",
+        "21",
+        "--steady-rate",
+        "40",
+        "--workers",
+        "1",
+        "--json",
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    steady = json.loads(done.stdout)["phases"]["steady"]
+    assert steady["offered_per_second"] == 40
+    assert 21 * 40 - 40 <= steady["sent"] <= 21 * 40
+    assert steady["retention_seconds"] == 60
+    windows = steady["windows"]
+    assert len(windows) == 2
+    for window in windows:
+        assert window["finished_per_second"] > 0
+        assert 0 < window["p50_ms"] <= window["p99_ms"]
+        assert window["tasks_mb"] > 0 and window["results_mb"] > 0
+    assert steady["wal_bytes_per_task"] > 0
+    assert "steady:" in done.stderr
+
+
+def test_steady_without_a_rate_needs_the_burn_down(env: dict[str, str], bench_schema: str) -> None:
+    done = run_cli(env, "bench", "--schema", bench_schema, "--only", "steady")
+    assert done.returncode != 0
+    assert "--steady-rate" in done.stderr
 
 
 def test_only_enqueue_prints_the_table_and_keep_leaves_a_reusable_schema(
