@@ -59,15 +59,32 @@ class Pruner:
         self.task_age = task_age
         self.result_age = result_age
 
+    #: Rows of each kind one statement deletes: small enough to keep locks and WAL bursts short.
+    BATCH = 5000
+    #: Statements one pass may run before yielding to the next reclaim (a backlog is worked off
+    #: over the following passes).
+    MAX_BATCHES = 20
+
     def run_once(self) -> tuple[int, int]:
-        tasks, results = self.broker.prune(self.task_age, self.result_age)
+        """Delete what is past retention, batch after batch while batches come back full."""
+        tasks = results = 0
+        for _ in range(self.MAX_BATCHES):
+            t, r = self.broker.prune(self.task_age, self.result_age, self.BATCH)
+            tasks += t
+            results += r
+            if t < self.BATCH and r < self.BATCH:
+                break
         if tasks or results:
             log.info("maintenance.pruned", tasks=tasks, results=results)
         return tasks, results
 
 
 class Maintenance(threading.Thread):
-    """Runs the reclaimer every ``interval`` seconds and the pruner every minute."""
+    """Runs the reclaimer every ``interval`` seconds and the pruner every PRUNE_EVERY seconds:
+    often enough that each pass deletes a few seconds' worth of finished rows, never a
+    minute's worth in one burst."""
+
+    PRUNE_EVERY = 10.0
 
     def __init__(self, reclaimer: Reclaimer, pruner: Pruner, interval: float) -> None:
         super().__init__(name="pgtasks-maintenance", daemon=True)
@@ -86,7 +103,7 @@ class Maintenance(threading.Thread):
                 self.reclaimer.run_once()
                 if time.monotonic() >= next_prune:
                     self.pruner.run_once()
-                    next_prune = time.monotonic() + 60.0
+                    next_prune = time.monotonic() + self.PRUNE_EVERY
             except psycopg.OperationalError as exc:
                 log.warning("worker.db_unavailable", during="maintenance", error=str(exc).strip())
             except Exception:

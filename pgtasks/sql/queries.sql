@@ -388,14 +388,18 @@ DELETE FROM {schema}.tasks
    AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
 
 -- name: prune_finished
--- Retention: remove finished rows and old results past their age, and week-old tick rows.
+-- Retention: remove finished rows (with their attempt history) and old results past their age,
+-- and week-old tick rows; at most %(limit)s of each per call (the pruner calls again while a
+-- call comes back full).
 WITH tasks_gone AS (
     DELETE FROM {schema}.tasks
      WHERE id IN (SELECT id FROM {schema}.tasks
                    WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED')
                      AND updated_at < now() - make_interval(secs => %(task_age)s::float8)
                    LIMIT %(limit)s)
-    RETURNING 1
+    RETURNING id
+), attempts_gone AS (
+    DELETE FROM {schema}.attempts WHERE task_id IN (SELECT id FROM tasks_gone)
 ), ticks_gone AS (
     -- Tick rows only settle races between schedulers (seconds); each entry's last tick is
     -- kept in schedule_entries, so a week of them is plenty.
