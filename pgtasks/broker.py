@@ -167,6 +167,26 @@ class Broker:
         """A dedicated connection outside the pool (LISTEN, migrations, admin commands)."""
         return psycopg.connect(self.dsn, autocommit=autocommit)
 
+    @property
+    def async_claims(self) -> bool:
+        """Whether workers claim on a connection of their own that commits without waiting for
+        the WAL flush. Not behind PgBouncer (``prepared_statements=False``), which would not
+        keep a session's settings."""
+        return self.prepare_threshold is not None
+
+    def claim_connection(self) -> psycopg.Connection[Any]:
+        """A worker's connection for claims, with ``synchronous_commit`` off.
+
+        A claim is a promise to run, not an outcome. One lost in a database crash (it can only
+        be the last few hundred milliseconds of claims: any later synchronous commit, such as
+        the worker's next completion, flushes it) leaves its rows PENDING, so they run again,
+        as at-least-once delivery allows; the outcome of the first run then fails its fenced
+        write. Every outcome, retry and renewal is still committed durably.
+        """
+        kwargs = self._conn_kwargs()
+        kwargs["options"] = "-c synchronous_commit=off"
+        return psycopg.connect(self.dsn, **kwargs)
+
     def listen_connection(self) -> psycopg.Connection[Any]:
         """A connection listening on the wake-up channel."""
         conn = self.connect()
@@ -310,13 +330,19 @@ class Broker:
     # -- the worker's statements -------------------------------------------------------------
 
     def claim(
-        self, worker: str, queues: Sequence[str], limit: int, lease: float
+        self,
+        worker: str,
+        queues: Sequence[str],
+        limit: int,
+        lease: float,
+        conn: psycopg.Connection[Any] | None = None,
     ) -> list[ClaimedTask]:
         """Claim up to ``limit`` due tasks in priority order (one statement)."""
         # Columns come back in ClaimedTask's field order: built positionally, no dict per row.
         claimed: list[Any] = self._all(
             "claim_batch",
             {"worker": worker, "queues": list(queues), "limit": limit, "lease": lease},
+            conn,
             row_factory=args_row(ClaimedTask),
         )
         return claimed

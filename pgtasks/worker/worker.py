@@ -119,6 +119,7 @@ class Worker:
         self._debug = TaskLog(self.log, None)._enabled(logging.DEBUG)
         self._inflight: dict[str, InFlight] = {}
         self._backpressure = False
+        self._claim_conn: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -218,7 +219,6 @@ class Worker:
         migrations.check(url, s.schema_name)
 
     def _loop(self) -> None:
-        broker = self.app.broker
         backoff = 0.1
         while not self._stopping.is_set():
             self._start_buffered()
@@ -243,7 +243,7 @@ class Worker:
                 continue
             self._wake.clear()
             try:
-                claimed = broker.claim(self.id, self.queues, want, self.lease)
+                claimed = self._claim(want)
                 backoff = 0.1
             except psycopg.OperationalError as exc:
                 self.log.warning(
@@ -272,6 +272,24 @@ class Worker:
                 self._stopping.set()
                 break
             self._wake.wait(self.poll_interval)
+
+    def _claim(self, want: int) -> list[ClaimedTask]:
+        """Claim up to ``want`` rows, on the worker's claim connection where there is one
+        (see Broker.claim_connection)."""
+        broker = self.app.broker
+        if not broker.async_claims:
+            return broker.claim(self.id, self.queues, want, self.lease)
+        conn = self._claim_conn
+        if conn is None or conn.closed:
+            conn = self._claim_conn = broker.claim_connection()
+        try:
+            return broker.claim(self.id, self.queues, want, self.lease, conn)
+        except psycopg.OperationalError:
+            # Broken: the next claim opens a new one (the loop backs off meanwhile).
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
+            self._claim_conn = None
+            raise
 
     def _take_rate_slots(self, claimed: list[ClaimedTask]) -> list[ClaimedTask]:
         """The claimed rows that may start now: rate-limited ones get their start times in one
@@ -727,6 +745,9 @@ class Worker:
                 thread.stop()
         for thread in threads:
             thread.join(timeout=2.0)
+        if self._claim_conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._claim_conn.close()
         with contextlib.suppress(psycopg.Error):
             self.app.broker.unregister_worker(self.id)
         self.metrics.stop()

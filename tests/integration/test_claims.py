@@ -231,3 +231,36 @@ def test_worker_leaves_a_countdown_task_until_it_is_due(
         db.execute("UPDATE tasks SET run_at = now() WHERE id = %s", (later.id,))
         assert later.get(timeout=10) == "later"
     assert ran == ["now", "later"]
+
+
+def test_claims_commit_asynchronously_on_the_worker_claim_connection(
+    app: Celery, worker_factory: WorkerFactory
+) -> None:
+    @app.task(name="claims.ping")
+    def ping() -> str:
+        return "pong"
+
+    with worker_factory(pool="threads", concurrency=1) as worker:
+        assert ping.delay().get(timeout=10) == "pong"
+        conn = worker._claim_conn
+        assert conn is not None and not conn.closed
+        # Claims only: the pool's connections (outcomes, renewals) keep durable commits.
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
+        with app.broker.pool.connection() as pooled:
+            assert pooled.execute("SHOW synchronous_commit").fetchone() == ("on",)
+    assert conn.closed  # closed with the worker
+
+
+def test_claims_use_the_pool_without_prepared_statements(
+    app: Celery, worker_factory: WorkerFactory
+) -> None:
+    app.conf.update(prepared_statements=False)  # how pgtasks runs behind PgBouncer
+    app.close()  # the next broker is built with it
+
+    @app.task(name="claims.ping_bouncer")
+    def ping() -> str:
+        return "pong"
+
+    with worker_factory(pool="threads", concurrency=1) as worker:
+        assert ping.delay().get(timeout=10) == "pong"
+        assert worker._claim_conn is None
