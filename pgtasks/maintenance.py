@@ -84,7 +84,7 @@ class Maintenance(threading.Thread):
     often enough that each pass deletes a few seconds' worth of finished rows, never a
     minute's worth in one burst."""
 
-    PRUNE_EVERY = 10.0
+    PRUNE_EVERY = 5.0
 
     def __init__(self, reclaimer: Reclaimer, pruner: Pruner, interval: float) -> None:
         super().__init__(name="pgtasks-maintenance", daemon=True)

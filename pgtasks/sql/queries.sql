@@ -392,11 +392,14 @@ DELETE FROM {schema}.tasks
 -- and week-old tick rows; at most %(limit)s of each per call (the pruner calls again while a
 -- call comes back full).
 WITH tasks_gone AS (
+    -- SKIP LOCKED: the pruners of several workers take disjoint rows instead of queueing
+    -- behind each other's deletes.
     DELETE FROM {schema}.tasks
      WHERE id IN (SELECT id FROM {schema}.tasks
                    WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED')
                      AND updated_at < now() - make_interval(secs => %(task_age)s::float8)
-                   LIMIT %(limit)s)
+                   LIMIT %(limit)s
+                     FOR UPDATE SKIP LOCKED)
     RETURNING id
 ), attempts_gone AS (
     DELETE FROM {schema}.attempts WHERE task_id IN (SELECT id FROM tasks_gone)
@@ -411,7 +414,8 @@ WITH tasks_gone AS (
     DELETE FROM {schema}.results
      WHERE task_id IN (SELECT task_id FROM {schema}.results
                         WHERE date_done < now() - make_interval(secs => %(result_age)s::float8)
-                        LIMIT %(limit)s)
+                        LIMIT %(limit)s
+                          FOR UPDATE SKIP LOCKED)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM tasks_gone) AS tasks, (SELECT count(*) FROM results_gone) AS results
@@ -858,7 +862,8 @@ SELECT count(*) AS done,
        pg_total_relation_size('{schema}.tasks'::regclass) AS tasks_bytes,
        pg_total_relation_size('{schema}.results'::regclass) AS results_bytes,
        pg_total_relation_size('{schema}.attempts'::regclass) AS attempts_bytes,
-       (SELECT count(*) FROM {schema}.tasks WHERE status IN ('PENDING', 'RUNNING')) AS unfinished
+       (SELECT count(*) FROM {schema}.tasks WHERE status = 'PENDING')
+         + (SELECT count(*) FROM {schema}.tasks WHERE status = 'RUNNING') AS unfinished
   FROM {schema}.results AS r
   JOIN {schema}.tasks AS t ON t.id = r.task_id
  WHERE r.date_done > %(since)s AND t.name = %(name)s
