@@ -484,7 +484,7 @@ class Worker:
         previous = self._runtime_ewma
         self._runtime_ewma = o.runtime if previous is None else previous * 0.9 + o.runtime * 0.1
         with self._lock:
-            entry = self._inflight.get(o.id)
+            entry = self._claim_of(o.id, o.attempt)
             if entry is not None:
                 entry.finishing = True
         pool = self.pool
@@ -622,7 +622,7 @@ class Worker:
     def _settle(self, final: Final) -> None:
         """Queue the final write of a claimed row that will not run (or ran)."""
         with self._lock:
-            entry = self._inflight.get(final.id)
+            entry = self._claim_of(final.id, final.attempt)
             if entry is not None:
                 entry.finishing = True
         self.completer.put(final)
@@ -644,7 +644,9 @@ class Worker:
     def _written(self, item: Final, status: str | None) -> None:
         """Called by the completer after the fenced write."""
         with self._lock:
-            entry = self._inflight.pop(item.id, None)
+            entry = self._claim_of(item.id, item.attempt)
+            if entry is not None:
+                del self._inflight[item.id]
             self.processed += 1
         if self._backpressure:
             self._wake.set()
@@ -659,6 +661,16 @@ class Worker:
             self.log.info("task.cancelled", task_id=item.id, task_name=entry.task.name)
             self.metrics.finished(entry.task.name, entry.task.queue, "revoked", 0.0)
             task_signals.revoked(self.app, entry.task, self.id, expired=False)
+
+    def _claim_of(self, task_id: str, attempt: int) -> InFlight | None:
+        """The in-flight entry of that very claim (call with the lock held). A row can be
+        claimed again by this worker as soon as an outcome of it is committed (a retry due at
+        once), before the completer has reported that write, or after its lease was lost: an
+        older claim's outcome must neither finish nor remove the newer claim's entry."""
+        entry = self._inflight.get(task_id)
+        if entry is None or entry.task.attempt != attempt:
+            return None
+        return entry
 
     # -- leases --------------------------------------------------------------------------------
 
