@@ -367,18 +367,23 @@ class Broker:
         self, worker: str, items: Sequence[Success], conn: psycopg.Connection[Any] | None = None
     ) -> dict[str, str]:
         """Fenced successes; returns id -> new status for the rows this worker still owned."""
+        outcomes = [
+            {
+                "id": i.id,
+                "attempt": i.attempt,
+                "store": i.store,
+                "content_type": i.content_type,
+                "result": base64.b64encode(i.result).decode("ascii")
+                if i.result is not None
+                else None,
+                "started_at": i.started.isoformat() if i.started is not None else None,
+                "state": i.state,
+            }
+            for i in items
+        ]
         rows = self._all(
             "complete_batch",
-            {
-                "worker": worker,
-                "ids": [i.id for i in items],
-                "attempts": [i.attempt for i in items],
-                "store": [i.store for i in items],
-                "content_types": [i.content_type for i in items],
-                "results": [i.result for i in items],
-                "started": [i.started for i in items],
-                "states": [i.state for i in items],
-            },
+            {"worker": worker, "rows": json.dumps(outcomes, separators=(",", ":"))},
             conn,
         )
         return {row["id"]: row["status"] for row in rows}
