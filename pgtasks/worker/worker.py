@@ -116,7 +116,7 @@ class Worker:
         self._runtime_ewma: float | None = None
         self._buffer: deque[ex.Job] = deque()
         self.log = log.bind(worker_id=self.id)
-        self._debug = TaskLog(self.log, None)._enabled(logging.DEBUG)
+        self._debug = log_enabled(self.log, logging.DEBUG)
         self._inflight: dict[str, InFlight] = {}
         self._backpressure = False
         self._claim_conn: psycopg.Connection[Any] | None = None
@@ -225,7 +225,7 @@ class Worker:
             if not self.fixed_prefetch:
                 self.prefetch_extra = self._adaptive_prefetch()
             want = self.pool.free_slots() + self.prefetch_extra - len(self._buffer)
-            backlog = len(self._buffer) + self.pool.waiting()
+            backlog = self._backlog()
             if backlog and backlog > self.prefetch_extra // 2:
                 # Refill the prefetch buffer in batches (one claim for many rows), not row by row.
                 want = 0
@@ -348,6 +348,10 @@ class Worker:
             job = self._buffer.popleft()
             self._started(job)
             pool.submit(job, self._done)
+
+    def _backlog(self) -> int:
+        """Claimed jobs not started yet: buffered here or queued in the pool."""
+        return len(self._buffer) + self.pool.waiting()
 
     def _started(self, job: ex.Job) -> None:
         if self._debug:
@@ -487,8 +491,7 @@ class Worker:
             entry = self._claim_of(o.id, o.attempt)
             if entry is not None:
                 entry.finishing = True
-        pool = self.pool
-        if not pool.queue_ahead or len(self._buffer) + pool.waiting() <= self.prefetch_extra // 2:
+        if not self.pool.queue_ahead or self._backlog() <= self.prefetch_extra // 2:
             # A free slot to fill, or the prefetched jobs are running low: wake the loop. A
             # pool that queues ahead goes on with its queued jobs without it.
             self._wake.set()
@@ -768,6 +771,12 @@ class Worker:
         self.app.close()
 
 
+def log_enabled(log: Any, level: int) -> bool:
+    """Whether ``log`` emits at ``level`` (a logger that cannot tell is taken to emit)."""
+    check = getattr(log, "is_enabled_for", None)
+    return check is None or bool(check(level))
+
+
 class TaskLog:
     """A claimed row's logger, bound to its task id, name, queue and attempt on first use:
     most runs emit nothing at the worker's level, and binding per row would cost more than
@@ -775,19 +784,17 @@ class TaskLog:
 
     __slots__ = ("_bound", "_log", "_row")
 
-    def __init__(self, log: Any, row: ClaimedTask | None) -> None:
+    def __init__(self, log: Any, row: ClaimedTask) -> None:
         self._log = log
         self._row = row
         self._bound: Any = None
 
     def _enabled(self, level: int) -> bool:
-        check = getattr(self._log, "is_enabled_for", None)
-        return check is None or bool(check(level))
+        return log_enabled(self._log, level)
 
     def _logger(self) -> Any:
         if self._bound is None:
             row = self._row
-            assert row is not None
             self._bound = self._log.bind(
                 task_id=row.id,
                 task_name=row.name,
