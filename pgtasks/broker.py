@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg import errors, pq, sql
@@ -26,9 +26,14 @@ from psycopg_pool import ConnectionPool
 
 from pgtasks.exceptions import EncodeError, ImproperlyConfigured
 from pgtasks.message import ClaimedTask, TaskMessage
+from pgtasks.serialization import JSON
 from pgtasks.sql import queries
 
 Row = dict[str, Any]
+_T = TypeVar("_T")
+
+# Headers as COPY sends them: compact json, like the json document of ``insert_tasks``.
+_HEADERS_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 def notify_channel(schema: str) -> str:
@@ -112,6 +117,10 @@ class Broker:
         self.dsn = dsn
         self.schema = schema
         self.q = queries(schema)
+        self._copy_statement = sql.SQL(
+            "COPY {}.tasks (id, name, queue, priority, run_at, expires_at, content_type,"
+            " content_encoding, payload, payload_raw, headers, max_retries) FROM STDIN"
+        ).format(sql.Identifier(schema))
         self.prepare_threshold: int | None = 5 if prepared_statements else None
         self.min_size = min_size
         self.max_size = max_size
@@ -207,6 +216,10 @@ class Broker:
     ) -> list[Row]:
         if conn is not None:
             return self._run(conn, name, params, row_factory)
+        return self._pooled(lambda c: self._run(c, name, params, row_factory), name)
+
+    def _pooled(self, run: Callable[[psycopg.Connection[Any]], _T], name: str) -> _T:
+        """``run`` on a pooled connection, once more on another when that one was broken."""
         # A pooled connection may have been closed by the server since its last use (a restart,
         # a failover, pg_terminate_backend): the pool drops a broken connection when it comes
         # back, so the statement is sent again on another one. Every named query is one
@@ -218,10 +231,11 @@ class Broker:
             try:
                 with self.pool.connection(timeout=self.connect_timeout) as c:
                     used = c
-                    return self._run(c, name, params, row_factory)
+                    return run(c)
             except errors.UniqueViolation:
                 if attempt > 1 and name in ("insert_task", "insert_tasks"):
-                    return []  # the first attempt committed before its connection broke
+                    # The first attempt committed before its connection broke.
+                    return cast(_T, [])
                 raise
             except psycopg.OperationalError:
                 # Retry only when the connection itself broke, not on a statement's own error.
@@ -279,12 +293,47 @@ class Broker:
     def enqueue_many(
         self, msgs: Sequence[TaskMessage], conn: psycopg.Connection[Any] | None = None
     ) -> None:
-        """Insert many task rows in one statement."""
+        """Insert many task rows in one statement.
+
+        Rows whose times need no arithmetic on the database clock (no ``countdown`` or
+        relative ``expires``) are sent with COPY, which the server reads about twice as fast as
+        any INSERT; the others travel as one json document that ``insert_tasks`` expands.
+        """
         if not msgs:
             return
-        rows = json.dumps([_json_row(msg) for msg in msgs], separators=(",", ":"))
         with _storage_errors(None):
-            self._all("insert_tasks", {"rows": rows}, conn)
+            if any(m.countdown is not None or m.expires_in is not None for m in msgs):
+                rows = json.dumps([_json_row(msg) for msg in msgs], separators=(",", ":"))
+                self._all("insert_tasks", {"rows": rows}, conn)
+            elif conn is not None:
+                self._copy_tasks(conn, msgs)
+            else:
+                self._pooled(lambda c: self._copy_tasks(c, msgs), "insert_tasks")
+
+    def _copy_tasks(self, conn: psycopg.Connection[Any], msgs: Sequence[TaskMessage]) -> None:
+        """COPY the rows in (a transaction of its own on an autocommit connection)."""
+        dumps = _HEADERS_ENCODER.encode
+        with conn.cursor() as cur, cur.copy(self._copy_statement) as copy:
+            write = copy.write_row
+            for m in msgs:
+                body = m.body
+                json_body = body.content_type == JSON
+                write(
+                    (
+                        m.id,
+                        m.name,
+                        m.queue,
+                        m.priority,
+                        "now" if m.eta is None else m.eta,
+                        m.expires_at,
+                        body.content_type,
+                        body.content_encoding,
+                        body.data.decode("utf-8") if json_body else None,
+                        None if json_body else body.data,
+                        dumps(m.headers),
+                        m.max_retries,
+                    )
+                )
 
     # -- periodic tasks ----------------------------------------------------------------------
 

@@ -108,6 +108,11 @@ def test_values_json_cannot_hold_are_refused(
         echo.delay(value)
     with pytest.raises(EncodeError):
         echo.delay(k=value)
+    # In bulk, one bad call among good ones writes nothing at all, by COPY or by INSERT.
+    with pytest.raises(EncodeError, match="NaN and Infinity are not valid JSON"):
+        echo.apply_many([("fine",), (value,), ("fine too",)])
+    with pytest.raises(EncodeError, match="NaN and Infinity are not valid JSON"):
+        echo.apply_many([("fine",), (value,)], countdown=5)
     assert task_count(db) == 0
     # The pool connection that saw the error still works.
     assert echo.delay("fine").id
