@@ -314,6 +314,9 @@ class Task(Generic[P, R]):
         **options: Any,
     ) -> list[AsyncResult]:
         """Enqueue many calls in one statement. Each item is ``(args, kwargs)`` or an args tuple."""
+        if "task_id" in options:
+            raise TypeError("apply_many gives every call an id of its own; task_id is refused")
+        make = self.message_maker(**options)
         msgs = []
         bodies = []
         for call in calls:
@@ -321,14 +324,17 @@ class Task(Generic[P, R]):
                 args, kwargs = call[0], call[1]
             else:
                 args, kwargs = tuple(call), {}
-            msgs.append(self.build_message(args, kwargs, **options))
+            msgs.append(make(args, kwargs, None))
             bodies.append((args, kwargs))
-        for msg, (args, kwargs) in zip(msgs, bodies, strict=True):
-            signals.send_before_publish(msg, args, kwargs)
+        if signals.before_task_publish.receivers:
+            for msg, (args, kwargs) in zip(msgs, bodies, strict=True):
+                signals.send_before_publish(msg, args, kwargs)
         self.app.broker.enqueue_many(msgs, conn=self._enqueue_conn(connection))
-        for msg, (args, kwargs) in zip(msgs, bodies, strict=True):
-            signals.send_after_publish(msg, args, kwargs)
-        return [self.app.AsyncResult(m.id, task_name=self.name) for m in msgs]
+        if signals.after_task_publish.receivers:
+            for msg, (args, kwargs) in zip(msgs, bodies, strict=True):
+                signals.send_after_publish(msg, args, kwargs)
+        result = self.app.AsyncResult
+        return [result(m.id, task_name=self.name) for m in msgs]
 
     def _enqueue_conn(self, connection: Any) -> psycopg.Connection[Any] | None:
         """The caller's connection, else the one an ``app.transaction`` block (or an
@@ -341,6 +347,14 @@ class Task(Generic[P, R]):
         kwargs: dict[str, Any] | None = None,
         *,
         task_id: str | None = None,
+        **options: Any,
+    ) -> TaskMessage:
+        """The row a call would write, with every option checked."""
+        return self.message_maker(**options)(args, kwargs, task_id)
+
+    def message_maker(
+        self,
+        *,
         countdown: float | None = None,
         eta: datetime | None = None,
         expires: float | datetime | timedelta | None = None,
@@ -351,29 +365,13 @@ class Task(Generic[P, R]):
         ignore_result: bool | None = None,
         max_retries: int | None = None,
         **options: Any,
-    ) -> TaskMessage:
-        """The row a call would write, with every option checked."""
+    ) -> Callable[[Sequence[Any] | None, dict[str, Any] | None, str | None], TaskMessage]:
+        """Check the calling options once; the function returned builds the row of one call
+        ``(args, kwargs, task_id)`` with them (``apply_many`` calls it for every item)."""
         from pgtasks.message import TaskMessage
 
         settings = self.app.settings
-        args = tuple(args or ())
-        kwargs = dict(kwargs or {})
         serializer = serializer or self.serializer or settings.task_serializer
-        try:
-            body = encode([list(args), kwargs], serializer)
-        except EncodeError as exc:
-            culprit = find_unencodable(args, kwargs, serializer)
-            where = f" {culprit}" if culprit else ""
-            raise EncodeError(
-                f"cannot enqueue {self.name}: argument{where} cannot be serialized with "
-                f"{serializer!r}: {exc}"
-            ) from exc
-        if len(body.data) > settings.max_payload_bytes:
-            raise EncodeError(
-                f"cannot enqueue {self.name}: payload is {len(body.data)} bytes, over the "
-                f"{settings.max_payload_bytes}-byte limit (max_payload_bytes); pass a reference "
-                "to the data instead"
-            )
         if countdown is not None and eta is not None:
             raise ValueError("give eta or countdown, not both")
         if countdown is not None:
@@ -392,25 +390,23 @@ class Task(Generic[P, R]):
             raise TypeError(f"priority must be an integer, not {type(priority).__name__}")
         if not -(2**31) <= priority < 2**31:
             raise ValueError(f"priority {priority} is out of range (a 32-bit integer)")
-        queue = (
-            queue or self.queue or self.app.route(self.name, args, kwargs) or settings.default_queue
-        )
-        if not isinstance(queue, str) or not queue:
-            raise ValueError("queue must be a non-empty string")
-        all_headers: dict[str, Any] = dict(headers or {})
+        fixed_queue = queue or self.queue
+        if fixed_queue is not None:
+            _check_queue(fixed_queue)
+        base_headers: dict[str, Any] = dict(headers or {})
         from pgtasks.worker.timelimits import HEADER, header
 
         limits = header(options.pop("time_limit", None), options.pop("soft_time_limit", None))
         if limits is not None:
-            all_headers[HEADER] = limits
+            base_headers[HEADER] = limits
         if ignore_result is None:
             ignore_result = (
                 self.ignore_result if self.ignore_result is not None else settings.ignore_result
             )
         if ignore_result:
-            all_headers["ignore_result"] = True
+            base_headers["ignore_result"] = True
         if serializer != settings.result_serializer:
-            all_headers.setdefault("result_serializer", settings.result_serializer)
+            base_headers.setdefault("result_serializer", settings.result_serializer)
         for key in ("link", "link_error"):
             # Canvas callbacks travel in the headers as signature dicts.
             from pgtasks.canvas import signature_list
@@ -418,30 +414,64 @@ class Task(Generic[P, R]):
             callbacks = signature_list(options.get(key))
             if callbacks:
                 options.pop(key)
-                all_headers[key] = callbacks
+                base_headers[key] = callbacks
         argsrepr, kwargsrepr = options.pop("argsrepr", None), options.pop("kwargsrepr", None)
-        # A small payload has a small repr: the plain one is several times faster.
-        small = len(body.data) <= REPR_MAX
-        all_headers["argsrepr"] = argsrepr if argsrepr is not None else self._argsrepr(args, small)
-        all_headers["kwargsrepr"] = (
-            kwargsrepr if kwargsrepr is not None else self._kwargsrepr(kwargs, small)
-        )
         if options:
             # Celery options without a meaning here are accepted, so calling code keeps working.
-            all_headers.setdefault("options", {k: v for k, v in options.items() if _is_plain(v)})
-        return TaskMessage(
-            id=task_id or str(uuid.uuid4()),
-            name=self.name,
-            queue=queue,
-            priority=priority,
-            body=body,
-            headers=all_headers,
-            eta=eta,
-            countdown=countdown,
-            expires_at=expires_at,
-            expires_in=expires_in,
-            max_retries=max_retries if max_retries is not None else self.max_retries,
-        )
+            base_headers.setdefault("options", {k: v for k, v in options.items() if _is_plain(v)})
+        if max_retries is None:
+            max_retries = self.max_retries
+        max_payload = settings.max_payload_bytes
+        default_queue = settings.default_queue
+        name = self.name
+
+        def make(
+            args: Sequence[Any] | None, kwargs: dict[str, Any] | None, task_id: str | None = None
+        ) -> TaskMessage:
+            args = tuple(args or ())
+            kwargs = dict(kwargs or {})
+            try:
+                body = encode([list(args), kwargs], serializer)
+            except EncodeError as exc:
+                culprit = find_unencodable(args, kwargs, serializer)
+                where = f" {culprit}" if culprit else ""
+                raise EncodeError(
+                    f"cannot enqueue {name}: argument{where} cannot be serialized with "
+                    f"{serializer!r}: {exc}"
+                ) from exc
+            if len(body.data) > max_payload:
+                raise EncodeError(
+                    f"cannot enqueue {name}: payload is {len(body.data)} bytes, over the "
+                    f"{max_payload}-byte limit (max_payload_bytes); pass a reference "
+                    "to the data instead"
+                )
+            call_queue = fixed_queue
+            if call_queue is None:
+                call_queue = _check_queue(self.app.route(name, args, kwargs) or default_queue)
+            call_headers = dict(base_headers)
+            # A small payload has a small repr: the plain one is several times faster.
+            small = len(body.data) <= REPR_MAX
+            call_headers["argsrepr"] = (
+                argsrepr if argsrepr is not None else self._argsrepr(args, small)
+            )
+            call_headers["kwargsrepr"] = (
+                kwargsrepr if kwargsrepr is not None else self._kwargsrepr(kwargs, small)
+            )
+            return TaskMessage(
+                id=task_id or str(uuid.uuid4()),
+                name=name,
+                queue=call_queue,
+                priority=priority,
+                body=body,
+                headers=call_headers,
+                eta=eta,
+                countdown=countdown,
+                expires_at=expires_at,
+                expires_in=expires_in,
+                max_retries=max_retries,
+            )
+
+        return make
 
     def _argsrepr(self, args: tuple[Any, ...], small: bool = False) -> str:
         if self.redact is True:
@@ -609,6 +639,12 @@ def _aware(what: str, value: Any, zone: tzinfo) -> datetime:
         # As in Celery, a naive datetime is in the app's time zone (UTC unless configured).
         when = when.replace(tzinfo=zone)
     return when
+
+
+def _check_queue(queue: Any) -> str:
+    if not isinstance(queue, str) or not queue:
+        raise ValueError("queue must be a non-empty string")
+    return queue
 
 
 def _is_plain(value: Any) -> bool:

@@ -34,25 +34,43 @@ def rows(db: psycopg.Connection[Any], ids: list[str]) -> list[tuple[Any, ...]]:
     return [found[i] for i in ids]
 
 
-def test_apply_many_rows_match_single_enqueues(app: Celery, db: psycopg.Connection[Any]) -> None:
+@pytest.mark.parametrize(
+    "countdown",
+    # Without times relative to the database clock the rows go by COPY; with them, by INSERT.
+    [None, 60],
+    ids=["copy", "insert"],
+)
+def test_apply_many_rows_match_single_enqueues(
+    app: Celery, db: psycopg.Connection[Any], countdown: int | None
+) -> None:
     @app.task(name="bulk.echo", max_retries=7)
     def echo(*args: Any, **kwargs: Any) -> None:
         return None
 
-    options = {"queue": "q 'quoted' ünï", "priority": 5, "countdown": 60}
+    options = {"queue": "q 'quoted' ünï", "priority": 5, "countdown": countdown}
     singles = [
         echo.apply_async(args, kwargs, **options).id
         for args, kwargs in AWKWARD  # type: ignore[arg-type]
     ]
     many = [r.id for r in echo.apply_many(AWKWARD, **options)]
     assert rows(db, many) == rows(db, singles)
-    # Both put run_at a minute ahead on the database clock.
-    late = db.execute(
-        "SELECT bool_and(run_at BETWEEN now() + interval '50 s' AND now() + interval '70 s') "
+    # Both put run_at on the database clock: now, or a minute ahead.
+    low, high = ("-10 s", "0 s") if countdown is None else ("50 s", "70 s")
+    timed = db.execute(
+        "SELECT bool_and(run_at BETWEEN now() + %s::interval AND now() + %s::interval) "
         "FROM tasks WHERE id = ANY(%s)",
-        [many + singles],
+        [low, high, many + singles],
     ).fetchone()
-    assert late == (True,)
+    assert timed == (True,)
+
+
+def test_apply_many_refuses_one_task_id_for_many_calls(app: Celery) -> None:
+    @app.task(name="bulk.one_id")
+    def one_id(x: int) -> int:
+        return x
+
+    with pytest.raises(TypeError, match="task_id"):
+        one_id.apply_many([(1,), (2,)], task_id="same")
 
 
 def test_apply_many_absolute_times_and_expiry(app: Celery, db: psycopg.Connection[Any]) -> None:
