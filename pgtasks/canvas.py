@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +25,7 @@ from pgtasks.broker import Followups, Plan, Row, StoredResult
 from pgtasks.exceptions import ChordError
 from pgtasks.result import AsyncResult, GroupResult, exception_from_dict, exception_to_dict
 from pgtasks.serialization import encode
+from pgtasks.utils import uuid as _new_id
 
 if TYPE_CHECKING:
     from pgtasks.app import Celery
@@ -40,10 +40,6 @@ log = structlog.get_logger("pgtasks")
 _MEMBERSHIP = {"group_id": "group", "group_index": "group_index", "chord": "chord"}
 #: Options a signature carries that are not ``apply_async`` options.
 _NOT_OPTIONS = ("immutable", "chord_size", "subtask_type", "route_name", "connection")
-
-
-def _new_id() -> str:
-    return str(uuid.uuid4())
 
 
 def _as_list(value: Any) -> list[Any]:

@@ -17,7 +17,6 @@ Missed ticks (every scheduler was down) follow the entry's policy:
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone, tzinfo
@@ -28,6 +27,7 @@ import structlog
 from pgtasks import signals
 from pgtasks.exceptions import ImproperlyConfigured
 from pgtasks.schedules import BaseSchedule, maybe_schedule
+from pgtasks.utils import uuid as new_id
 
 if TYPE_CHECKING:
     from pgtasks.app import Celery
@@ -211,9 +211,7 @@ class Scheduler:
     def _enqueue(self, entry: Entry, when: datetime) -> bool:
         task = self.app.tasks.get(entry.task) or self.app.task_stub(entry.task)
         try:
-            msg = task.build_message(
-                entry.args, entry.kwargs, task_id=str(uuid.uuid4()), **entry.options
-            )
+            msg = task.build_message(entry.args, entry.kwargs, task_id=new_id(), **entry.options)
         except Exception as exc:
             log.error("beat.entry_invalid", entry=entry.name, task_name=entry.task, error=str(exc))
             return False

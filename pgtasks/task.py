@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import reprlib
 import threading
-import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
@@ -17,6 +16,7 @@ from pgtasks.request import Request
 from pgtasks.retry import exponential_backoff
 from pgtasks.serialization import EncodeError, encode, find_unencodable
 from pgtasks.transaction import resolve
+from pgtasks.utils import uuid as new_id
 
 if TYPE_CHECKING:
     import psycopg
@@ -458,7 +458,7 @@ class Task(Generic[P, R]):
                 kwargsrepr if kwargsrepr is not None else self._kwargsrepr(kwargs, small)
             )
             return TaskMessage(
-                id=task_id or str(uuid.uuid4()),
+                id=task_id or new_id(),
                 name=name,
                 queue=call_queue,
                 priority=priority,
@@ -506,7 +506,7 @@ class Task(Generic[P, R]):
         from pgtasks.utils.state import pop_task, push_task
         from pgtasks.worker import task_signals as sent
 
-        tid = task_id or str(uuid.uuid4())
+        tid = task_id or new_id()
         request = Request(id=tid, args=tuple(a), kwargs=kw, is_eager=True, called_directly=False)
         self.push_request(request)
         push_task(self)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-import uuid as _uuid
+import os
 
 __all__ = ["gen_unique_id", "uuid"]
 
 
 def uuid() -> str:
-    """A new task id: a random UUID4 as a string, as Celery's ``celery.utils.uuid``."""
-    return str(_uuid.uuid4())
+    """A new task id: a random UUID4 as a string, as Celery's ``celery.utils.uuid``.
+
+    Formatted from 16 random bytes with the version and variant bits set, which is the string
+    ``str(uuid.uuid4())`` gives in less than half its time (enqueue calls it for every row).
+    """
+    h = os.urandom(16).hex()
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{'89ab'[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}"
 
 
 #: Celery's older name for :func:`uuid`.

@@ -98,3 +98,18 @@ def test_uuid_is_a_fresh_string_id() -> None:
 
     first, second = uuid(), uuid()
     assert isinstance(first, str) and len(first) == 36 and first != second
+
+
+def test_uuid_is_a_canonical_version_4_uuid() -> None:
+    import uuid as stdlib_uuid
+
+    from pgtasks.utils import uuid
+
+    ids = [uuid() for _ in range(2000)]
+    assert len(set(ids)) == len(ids)
+    for text in ids:
+        parsed = stdlib_uuid.UUID(text)
+        assert str(parsed) == text
+        assert parsed.version == 4 and parsed.variant == stdlib_uuid.RFC_4122
+    # Every variant digit (8, 9, a, b) turns up: the two variant bits are fixed, the rest random.
+    assert {text[19] for text in ids} == set("89ab")
