@@ -65,8 +65,9 @@ def noop(i: int) -> None:
 
 @app.task(name="pgtasks.bench.stamp")
 def stamp(sent: float) -> float:
-    """Returns when it started, so the sender can compute send-to-start latency."""
-    return time.time()
+    """Returns its send-to-start latency in seconds (``sent`` is the sender's ``time.time()``:
+    sender and workers share the bench's host), so reading latencies reads results only."""
+    return time.time() - sent
 
 
 class BenchError(PgTasksError):
@@ -363,17 +364,16 @@ def latency(samples: int, rate: float, workers: Workers, progress: Progress) -> 
     """Paced ``delay()`` calls on idle workers; start minus send, in milliseconds."""
     stamp.delay(0.0).get(timeout=30)  # warm-up: every worker connection and statement ready
     interval = 1.0 / rate
-    sent: list[tuple[float, Any]] = []
+    sent: list[Any] = []
     t0 = time.perf_counter()
     for i in range(samples):
         pause = t0 + i * interval - time.perf_counter()
         if pause > 0:
             time.sleep(pause)
-        at = time.time()
-        sent.append((at, stamp.delay(at)))
+        sent.append(stamp.delay(time.time()))
         progress.status(f"latency {_bar(i + 1, samples)} sent at {rate:g}/s")
     workers.check()
-    values = [(float(result.get(timeout=30)) - at) * 1000 for at, result in sent]
+    values = [float(result.get(timeout=30)) * 1000 for result in sent]
     report = {
         "samples": samples,
         "rate": rate,
@@ -416,7 +416,7 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
                 sent += due
             if now >= next_window:
                 workers.check()
-                row = broker.bench_steady_window(stamp.name, since)
+                row = broker.bench_steady_window(since)
                 if row["done"]:
                     since = row["last_done"]
                 p50, p99 = row["ms"] or (None, None)

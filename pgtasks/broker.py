@@ -1001,9 +1001,9 @@ class Broker:
         row = self._one("bench_wal_bytes", {"since": since})
         return int(row["bytes"]) if row else 0
 
-    def bench_steady_window(self, name: str, since: datetime) -> Row:
-        """Latency percentiles of stamp tasks finished after ``since``, and table sizes."""
-        row = self._one("bench_steady_window", {"name": name, "since": since})
+    def bench_steady_window(self, since: datetime) -> Row:
+        """Latency percentiles of the results stored after ``since``, and table sizes."""
+        row = self._one("bench_steady_window", {"since": since})
         assert row is not None
         return row
 
