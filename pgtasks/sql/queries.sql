@@ -395,14 +395,15 @@ DELETE FROM {schema}.tasks
 WITH tasks_gone AS (
     -- SKIP LOCKED: the pruners of several workers take disjoint rows instead of queueing
     -- behind each other's deletes.
-    -- The ids are gathered into an array first, so the delete looks each one up by primary key:
-    -- with "id IN (subquery)" the planner hashes the subquery and scans the whole table.
+    -- The rows are found and locked first, then deleted by their physical address (a locked
+    -- row cannot move): no index lookup per row, and no plan that hashes the subquery and scans
+    -- the whole table, as "id IN (subquery)" gets.
     DELETE FROM {schema}.tasks
-     WHERE id = ANY(ARRAY(SELECT id FROM {schema}.tasks
-                           WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED')
-                             AND updated_at < now() - make_interval(secs => %(task_age)s::float8)
-                           LIMIT %(limit)s
-                             FOR UPDATE SKIP LOCKED))
+     WHERE ctid = ANY(ARRAY(SELECT ctid FROM {schema}.tasks
+                             WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED')
+                               AND updated_at < now() - make_interval(secs => %(task_age)s::float8)
+                             LIMIT %(limit)s
+                               FOR UPDATE SKIP LOCKED))
     RETURNING id
 ), attempts_gone AS (
     DELETE FROM {schema}.attempts WHERE task_id = ANY(ARRAY(SELECT id FROM tasks_gone))
@@ -415,10 +416,10 @@ WITH tasks_gone AS (
                                 LIMIT %(limit)s)
 ), results_gone AS (
     DELETE FROM {schema}.results
-     WHERE task_id = ANY(ARRAY(SELECT task_id FROM {schema}.results
-                                WHERE date_done < now() - make_interval(secs => %(result_age)s::float8)
-                                LIMIT %(limit)s
-                                  FOR UPDATE SKIP LOCKED))
+     WHERE ctid = ANY(ARRAY(SELECT ctid FROM {schema}.results
+                             WHERE date_done < now() - make_interval(secs => %(result_age)s::float8)
+                             LIMIT %(limit)s
+                               FOR UPDATE SKIP LOCKED))
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM tasks_gone) AS tasks, (SELECT count(*) FROM results_gone) AS results
