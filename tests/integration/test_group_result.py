@@ -43,11 +43,18 @@ def test_group_is_enqueued_in_one_statement(
         ran.append(name)
         return original(self, conn, name, params, *rest)
 
+    original_copy = Broker._copy_tasks
+
+    def spy_copy(self: Broker, conn: Any, msgs: Any) -> None:
+        ran.append("copy")
+        original_copy(self, conn, msgs)
+
     monkeypatch.setattr(Broker, "_run", spy)
+    monkeypatch.setattr(Broker, "_copy_tasks", spy_copy)
     # When a 100-member group is applied
     res = group(tasks["double"].s(i) for i in range(100)).apply_async()
-    # Then one INSERT wrote every row: same transaction id, same statement time
-    assert ran == ["insert_tasks"]
+    # Then one COPY wrote every row: same transaction id, same statement time
+    assert ran == ["copy"]
     rows = db.execute(
         "SELECT xmin::text, created_at, headers->>'group', (headers->>'group_index')::int "
         "FROM tasks ORDER BY (headers->>'group_index')::int"
