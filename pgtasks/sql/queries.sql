@@ -434,9 +434,12 @@ SELECT max(version) AS version FROM {schema}.migrations
 
 -- name: count_unfinished
 -- Tasks of the given queues still waiting (due or scheduled) or running: burst mode's exit test.
-SELECT count(*) AS n
-  FROM {schema}.tasks
- WHERE status IN ('PENDING', 'RUNNING') AND queue = ANY(%(queues)s::text[])
+-- Counted as two parts so that each reads its partial index (the claim index, the lease index)
+-- and costs what is left, not a scan of every finished row the table keeps.
+SELECT (SELECT count(*) FROM {schema}.tasks
+         WHERE status = 'PENDING' AND queue = ANY(%(queues)s::text[]))
+     + (SELECT count(*) FROM {schema}.tasks
+         WHERE status = 'RUNNING' AND queue = ANY(%(queues)s::text[])) AS n
 
 -- name: announce_worker_tasks
 -- Record the task names a worker has registered (for inspect registered).
