@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import queue
@@ -216,7 +217,15 @@ def _child_main(app: Celery, conn: mpc.Connection) -> None:
 
 
 class PreforkPool(Pool):
+    """Child processes, one job at a time each.
+
+    The pool queues ahead: jobs submitted while every child is busy wait here, and the reader
+    thread sends the next one to a child the moment that child reports its outcome, before the
+    outcome is passed on, with no round through the worker's loop in between.
+    """
+
     name = "prefork"
+    queue_ahead = True
 
     def __init__(
         self, app: Celery, concurrency: int, max_tasks_per_child: int | None = None
@@ -225,6 +234,7 @@ class PreforkPool(Pool):
         self.max_tasks_per_child = max_tasks_per_child or None
         self._ctx = get_context("fork")
         self._children: list[_Child] = []
+        self._queued: collections.deque[tuple[Job, Done]] = collections.deque()
         self._stopping = False
         self._reader: threading.Thread | None = None
 
@@ -244,22 +254,46 @@ class PreforkPool(Pool):
 
     def submit(self, job: Job, done: Done) -> None:
         with self._lock:
-            child = next((c for c in self._children if c.job is None), None)
-            if child is None:
-                raise RuntimeError("prefork pool has no idle child; the worker over-claimed")
-            child.job, child.done = job, done
-            child.submitted = time.time()
-            child.deadline = time.monotonic() + job.time_limit if job.time_limit else None
             self._busy += 1
-        # On a broken pipe the reader sees the dead child and reports the job lost.
-        with contextlib.suppress(BrokenPipeError, OSError):
-            child.conn.send(job)
+            self._queued.append((job, done))
+        self._dispatch()
+
+    def waiting(self) -> int:
+        return len(self._queued)
+
+    def take_waiting(self) -> list[Job]:
+        with self._lock:
+            jobs = [job for job, _ in self._queued]
+            self._queued.clear()
+            self._busy -= len(jobs)
+        return jobs
+
+    def _dispatch(self) -> None:
+        """Send queued jobs to idle children (each child runs one job at a time)."""
+        while True:
+            with self._lock:
+                if not self._queued:
+                    return
+                child = next((c for c in self._children if c.job is None), None)
+                if child is None:
+                    return
+                job, done = self._queued.popleft()
+                child.job, child.done = job, done
+                child.submitted = time.time()
+                child.deadline = time.monotonic() + job.time_limit if job.time_limit else None
+            if self.on_start is not None:
+                self.on_start(job)
+            # On a broken pipe the reader sees the dead child and reports the job lost.
+            with contextlib.suppress(BrokenPipeError, OSError):
+                child.conn.send(job)
 
     def _finish(self, child: _Child, outcome: Outcome) -> None:
         done = child.done
         with self._lock:
             child.job, child.done, child.deadline = None, None, None
             self._busy -= 1
+        # The child's next job first: it runs while this outcome is passed on.
+        self._dispatch()
         if done is not None:
             done(outcome)
 
@@ -365,9 +399,13 @@ class PreforkPool(Pool):
                 if not self._stopping:
                     self._children.append(self._spawn())
         child.conn.close()
+        self._dispatch()
 
     def stop(self, wait: bool) -> None:
         self._stopping = True
+        if not wait:
+            # Jobs not started yet stay unstarted: their leases run out and others reclaim them.
+            self.take_waiting()
         if wait:
             deadline = time.monotonic() + 3600
             while self.busy() and time.monotonic() < deadline:

@@ -1,0 +1,103 @@
+"""The prefork pool queues ahead: it takes more jobs than it has children, runs each exactly
+once in submission order per child, starts the next as soon as a child is free, and hands back
+the jobs that have not started."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+from pgtasks import Celery
+from pgtasks.worker.execute import SUCCESS, Job, Outcome
+from pgtasks.worker.pools import PreforkPool
+
+
+def job(name: str, i: int, *args: Any) -> Job:
+    return Job(
+        id=f"job-{i}",
+        name=name,
+        attempt=1,
+        retries=0,
+        max_retries=0,
+        args=args,
+        kwargs={},
+        queue="celery",
+        headers={},
+        eta=None,
+        expires=None,
+        hostname="test",
+        store_result=True,
+        result_serializer="json",
+    )
+
+
+def make_app() -> Celery:
+    app = Celery("prefork_pool", broker="postgresql://unused@localhost/unused")
+
+    @app.task(name="pool.pid")
+    def pid(pause: float = 0.0) -> int:
+        time.sleep(pause)
+        return os.getpid()
+
+    return app
+
+
+class Collector:
+    def __init__(self, expected: int) -> None:
+        self.outcomes: list[Outcome] = []
+        self.lock = threading.Lock()
+        self.all_in = threading.Event()
+        self.expected = expected
+
+    def __call__(self, outcome: Outcome) -> None:
+        with self.lock:
+            self.outcomes.append(outcome)
+            if len(self.outcomes) == self.expected:
+                self.all_in.set()
+
+
+def test_more_jobs_than_children_all_run_once_on_the_children() -> None:
+    app = make_app()
+    pool = PreforkPool(app, concurrency=2)
+    started: list[str] = []
+    pool.on_start = lambda j: started.append(j.id)
+    pool.start()
+    try:
+        done = Collector(40)
+        for i in range(40):
+            pool.submit(job("pool.pid", i), done)
+        # Every job was taken at once: two run, the rest wait in the pool.
+        assert pool.busy() == 40
+        assert done.all_in.wait(30)
+        assert sorted(o.id for o in done.outcomes) == sorted(f"job-{i}" for i in range(40))
+        assert {o.kind for o in done.outcomes} == {SUCCESS}
+        assert sorted(started) == sorted(f"job-{i}" for i in range(40))
+        children = {p.process.pid for p in pool._children}
+        ran_on = {int(o.result.data) for o in done.outcomes if o.result is not None}
+        assert ran_on <= children and os.getpid() not in ran_on
+        assert pool.busy() == 0 and pool.waiting() == 0
+    finally:
+        pool.stop(wait=True)
+
+
+def test_jobs_not_started_are_handed_back() -> None:
+    app = make_app()
+    pool = PreforkPool(app, concurrency=1)
+    pool.start()
+    try:
+        done = Collector(1)
+        pool.submit(job("pool.pid", 0, 0.5), done)
+        for i in range(1, 6):
+            pool.submit(job("pool.pid", i), done)
+        assert pool.waiting() == 5
+        back = pool.take_waiting()
+        assert [j.id for j in back] == [f"job-{i}" for i in range(1, 6)]
+        assert pool.waiting() == 0 and pool.busy() == 1
+        # The running job still finishes and is the only outcome.
+        assert done.all_in.wait(30)
+        time.sleep(0.2)
+        assert [o.id for o in done.outcomes] == ["job-0"]
+    finally:
+        pool.stop(wait=True)
