@@ -367,6 +367,12 @@ class PreforkPool(Pool):
 
     def _replace(self, child: _Child) -> None:
         child.process.join(timeout=0.1)
+        with self._lock:
+            # Out of the list first, so that finishing its job below cannot dispatch the next
+            # queued job to this dead child.
+            present = child in self._children
+            if present:
+                self._children.remove(child)
         try:
             # An outcome sent just before the child exited is still in the pipe.
             if child.job is not None and child.conn.poll(0):
@@ -394,10 +400,9 @@ class PreforkPool(Pool):
                 ),
             )
         with self._lock:
-            if child in self._children:
-                self._children.remove(child)
-                if not self._stopping:
-                    self._children.append(self._spawn())
+            # (A child retired by _recycle was replaced already.)
+            if present and not self._stopping:
+                self._children.append(self._spawn())
         child.conn.close()
         self._dispatch()
 

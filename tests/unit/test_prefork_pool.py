@@ -5,12 +5,13 @@ the jobs that have not started."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from typing import Any
 
 from pgtasks import Celery
-from pgtasks.worker.execute import SUCCESS, Job, Outcome
+from pgtasks.worker.execute import LOST, SUCCESS, Job, Outcome
 from pgtasks.worker.pools import PreforkPool
 
 
@@ -99,5 +100,28 @@ def test_jobs_not_started_are_handed_back() -> None:
         assert done.all_in.wait(30)
         time.sleep(0.2)
         assert [o.id for o in done.outcomes] == ["job-0"]
+    finally:
+        pool.stop(wait=True)
+
+
+def test_a_killed_child_loses_only_its_own_job() -> None:
+    app = make_app()
+    pool = PreforkPool(app, concurrency=1)
+    pool.start()
+    try:
+        done = Collector(6)
+        started = threading.Event()
+        pool.on_start = lambda j: started.set() if j.id == "job-0" else None
+        pool.submit(job("pool.pid", 0, 30.0), done)
+        for i in range(1, 6):
+            pool.submit(job("pool.pid", i), done)
+        assert started.wait(10)
+        (child,) = pool._children
+        os.kill(child.process.pid, signal.SIGKILL)
+        # The running job is reported lost; every queued one runs on the replacement child.
+        assert done.all_in.wait(30), [o.id for o in done.outcomes]
+        kinds = {o.id: o.kind for o in done.outcomes}
+        assert kinds == {"job-0": LOST, **{f"job-{i}": SUCCESS for i in range(1, 6)}}
+        assert pool.busy() == 0 and pool.waiting() == 0
     finally:
         pool.stop(wait=True)
