@@ -37,21 +37,21 @@ log = structlog.get_logger("pgtasks")
 
 
 class Pool:
-    """What the worker needs of a pool."""
+    """What the worker needs of a pool.
+
+    A pool takes jobs beyond its free slots and starts each as a slot frees up, with no call
+    back into the worker in between (threads run job after job from one queue; the prefork
+    reader hands a child its next job as it reports an outcome).
+    """
 
     name = "base"
-    #: The pool takes jobs beyond its free slots and starts each as a slot frees up, with no
-    #: call back into the worker in between (threads run job after job from one queue).
-    #: Pools without it are handed a job only when a slot is free.
-    queue_ahead = False
 
     def __init__(self, app: Celery, concurrency: int) -> None:
         self.app = app
         self.concurrency = max(1, concurrency)
         self._busy = 0
         self._lock = threading.Lock()
-        #: Called where the job runs, just before it starts, by a pool that queues ahead (the
-        #: worker logs the start there rather than when it hands the job over).
+        #: Called as a job starts (not when it is handed over): the worker logs the start here.
         self.on_start: Callable[[Job], None] | None = None
 
     def start(self) -> None:
@@ -98,7 +98,6 @@ class ThreadPool(Pool):
     """
 
     name = "threads"
-    queue_ahead = True
 
     def __init__(self, app: Celery, concurrency: int) -> None:
         super().__init__(app, concurrency)
@@ -225,7 +224,6 @@ class PreforkPool(Pool):
     """
 
     name = "prefork"
-    queue_ahead = True
 
     def __init__(
         self, app: Celery, concurrency: int, max_tasks_per_child: int | None = None

@@ -146,8 +146,7 @@ class Worker:
         signals.worker_init.send(sender=self)
         self.metrics = create_metrics(self.id, broker, self.metrics_port, self.lease)
         self.pool = create_pool(self.pool_name, app, self.concurrency, self.max_tasks_per_child)
-        if self.pool.queue_ahead:
-            self.pool.on_start = self._started
+        self.pool.on_start = self._started
         self._warn_unenforced_limits()
         self.pool.start()  # before any thread starts: prefork children are forked here
         self.completer = Completer(broker, self.id, self._written)
@@ -337,17 +336,9 @@ class Worker:
         return self.concurrency * min(per_slot, 100)
 
     def _start_buffered(self) -> None:
-        """Hand claimed jobs to the pool: all of them to a pool that queues ahead, else while
-        it has free slots."""
-        pool = self.pool
-        if pool.queue_ahead:
-            while self._buffer:
-                pool.submit(self._buffer.popleft(), self._done)
-            return
-        while self._buffer and pool.free_slots() > 0:
-            job = self._buffer.popleft()
-            self._started(job)
-            pool.submit(job, self._done)
+        """Hand every claimed job to the pool, which starts each as a slot frees up."""
+        while self._buffer:
+            self.pool.submit(self._buffer.popleft(), self._done)
 
     def _backlog(self) -> int:
         """Claimed jobs not started yet: buffered here or queued in the pool."""
@@ -491,9 +482,9 @@ class Worker:
             entry = self._claim_of(o.id, o.attempt)
             if entry is not None:
                 entry.finishing = True
-        if not self.pool.queue_ahead or self._backlog() <= self.prefetch_extra // 2:
-            # A free slot to fill, or the prefetched jobs are running low: wake the loop. A
-            # pool that queues ahead goes on with its queued jobs without it.
+        if self._backlog() <= self.prefetch_extra // 2:
+            # The prefetched jobs are running low: wake the loop to claim more. Until then the
+            # pool goes on with its queued jobs without it.
             self._wake.set()
         if entry is None:
             return
