@@ -26,7 +26,6 @@ from psycopg_pool import ConnectionPool
 
 from pgtasks.exceptions import EncodeError, ImproperlyConfigured
 from pgtasks.message import ClaimedTask, TaskMessage
-from pgtasks.serialization import JSON
 from pgtasks.sql import queries
 
 Row = dict[str, Any]
@@ -316,8 +315,6 @@ class Broker:
         with conn.cursor() as cur, cur.copy(self._copy_statement) as copy:
             write = copy.write_row
             for m in msgs:
-                body = m.body
-                json_body = body.content_type == JSON
                 write(
                     (
                         m.id,
@@ -326,10 +323,10 @@ class Broker:
                         m.priority,
                         "now" if m.eta is None else m.eta,
                         m.expires_at,
-                        body.content_type,
-                        body.content_encoding,
-                        body.data.decode("utf-8") if json_body else None,
-                        None if json_body else body.data,
+                        m.body.content_type,
+                        m.body.content_encoding,
+                        m.body.json_text,
+                        m.body.raw,
                         dumps(m.headers),
                         m.max_retries,
                     )
