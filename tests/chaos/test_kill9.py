@@ -121,28 +121,51 @@ def no_dead_letters_for_lost_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PGTASKS_MAX_LOST_ATTEMPTS", "1000")
 
 
+def scenario(
+    app: Celery,
+    db: psycopg.Connection[Any],
+    team: Crew,
+    fault: Callable[[Crew, random.Random], bool],
+    name: str,
+    seed: int,
+) -> None:
+    """Enqueue the run's tasks, inject ``fault`` about once a second until they have all
+    finished, and check the books."""
+    coord.install(db)
+    calls = [((i,), {"sleep": TASK_SLEEP}) for i in range(books.size(2000))]
+    ids = {r.id for r in remote(app, coord.RECORD).apply_many(calls)}
+    faults = run_with_faults(db, team, lambda rnd: fault(team, rnd), seed)
+    # The workers still listed carried on: only the ones the test killed died.
+    assert all(w.alive() for w in team.live), team.details()
+    kept = books.check(db, ids)
+    print(kept.summary(name, faults))
+    assert faults >= 2, "the run ended before the faults could matter; raise the task count"
+    assert kept.lost == 0 and kept.stale_writes == 0 and kept.double_runs == 0
+
+
+def kill_a_worker(team: Crew, rnd: random.Random) -> bool:
+    team.kill(rnd.choice(team.live))
+    team.start()
+    return True
+
+
+def kill_a_child(team: Crew, rnd: random.Random) -> bool:
+    pids = children(rnd.choice(team.live).pid)
+    if not pids:
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(rnd.choice(pids), signal.SIGKILL)
+    return True
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.usefixtures("no_dead_letters_for_lost_workers")
 def test_killing_worker_processes_loses_no_task(
     app: Celery, db: psycopg.Connection[Any], pg_dsn: str, schema: str
 ) -> None:
-    coord.install(db)
-    total = books.size(2000)
     with crew(pg_dsn, schema, db, pool="threads", concurrency=2) as team:
-        calls = [((i,), {"sleep": TASK_SLEEP}) for i in range(total)]
-        ids = {r.id for r in remote(app, coord.RECORD).apply_many(calls)}
-
-        def kill_a_worker(rnd: random.Random) -> bool:
-            team.kill(rnd.choice(team.live))
-            team.start()
-            return True
-
-        faults = run_with_faults(db, team, kill_a_worker, seed=int(os.environ.get("SEED", 7)))
-
-    kept = books.check(db, ids)
-    print(kept.summary("kill -9 of worker processes", faults))
-    assert faults >= 2, "the run ended before the faults could matter; raise the task count"
-    assert kept.lost == 0 and kept.stale_writes == 0 and kept.double_runs == 0
+        seed = int(os.environ.get("SEED", 7))
+        scenario(app, db, team, kill_a_worker, "kill -9 of worker processes", seed)
 
 
 @pytest.mark.timeout(300)
@@ -150,26 +173,6 @@ def test_killing_worker_processes_loses_no_task(
 def test_killing_prefork_children_loses_no_task(
     app: Celery, db: psycopg.Connection[Any], pg_dsn: str, schema: str
 ) -> None:
-    coord.install(db)
-    total = books.size(2000)
     with crew(pg_dsn, schema, db, pool="prefork", concurrency=2) as team:
-        calls = [((i,), {"sleep": TASK_SLEEP}) for i in range(total)]
-        ids = {r.id for r in remote(app, coord.RECORD).apply_many(calls)}
-
-        def kill_a_child(rnd: random.Random) -> bool:
-            worker = rnd.choice(team.live)
-            pids = children(worker.pid)
-            if not pids:
-                return False
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(rnd.choice(pids), signal.SIGKILL)
-            return True
-
-        faults = run_with_faults(db, team, kill_a_child, seed=int(os.environ.get("SEED", 11)))
-        # The workers themselves carried on: only children died.
-        assert all(w.alive() for w in team.live), team.details()
-
-    kept = books.check(db, ids)
-    print(kept.summary("kill -9 of prefork children", faults))
-    assert faults >= 2, "the run ended before the faults could matter; raise the task count"
-    assert kept.lost == 0 and kept.stale_writes == 0 and kept.double_runs == 0
+        seed = int(os.environ.get("SEED", 11))
+        scenario(app, db, team, kill_a_child, "kill -9 of prefork children", seed)

@@ -4,10 +4,12 @@ the jobs that have not started."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from pgtasks import Celery
@@ -59,13 +61,21 @@ class Collector:
                 self.all_in.set()
 
 
-def test_more_jobs_than_children_all_run_once_on_the_children() -> None:
-    app = make_app()
-    pool = PreforkPool(app, concurrency=2)
-    started: list[str] = []
-    pool.on_start = lambda j: started.append(j.id)
+@contextlib.contextmanager
+def running(concurrency: int) -> Iterator[PreforkPool]:
+    """A started prefork pool of ``concurrency`` children, stopped (warm) at the end."""
+    pool = PreforkPool(make_app(), concurrency=concurrency)
     pool.start()
     try:
+        yield pool
+    finally:
+        pool.stop(wait=True)
+
+
+def test_more_jobs_than_children_all_run_once_on_the_children() -> None:
+    started: list[str] = []
+    with running(concurrency=2) as pool:
+        pool.on_start = lambda j: started.append(j.id)
         done = Collector(40)
         for i in range(40):
             pool.submit(job("pool.pid", i), done)
@@ -79,15 +89,10 @@ def test_more_jobs_than_children_all_run_once_on_the_children() -> None:
         ran_on = {int(o.result.data) for o in done.outcomes if o.result is not None}
         assert ran_on <= children and os.getpid() not in ran_on
         assert pool.busy() == 0 and pool.waiting() == 0
-    finally:
-        pool.stop(wait=True)
 
 
 def test_jobs_not_started_are_handed_back() -> None:
-    app = make_app()
-    pool = PreforkPool(app, concurrency=1)
-    pool.start()
-    try:
+    with running(concurrency=1) as pool:
         done = Collector(1)
         pool.submit(job("pool.pid", 0, 0.5), done)
         for i in range(1, 6):
@@ -100,15 +105,10 @@ def test_jobs_not_started_are_handed_back() -> None:
         assert done.all_in.wait(30)
         time.sleep(0.2)
         assert [o.id for o in done.outcomes] == ["job-0"]
-    finally:
-        pool.stop(wait=True)
 
 
 def test_a_killed_child_loses_only_its_own_job() -> None:
-    app = make_app()
-    pool = PreforkPool(app, concurrency=1)
-    pool.start()
-    try:
+    with running(concurrency=1) as pool:
         done = Collector(6)
         started = threading.Event()
         pool.on_start = lambda j: started.set() if j.id == "job-0" else None
@@ -123,5 +123,3 @@ def test_a_killed_child_loses_only_its_own_job() -> None:
         kinds = {o.id: o.kind for o in done.outcomes}
         assert kinds == {"job-0": LOST, **{f"job-{i}": SUCCESS for i in range(1, 6)}}
         assert pool.busy() == 0 and pool.waiting() == 0
-    finally:
-        pool.stop(wait=True)
