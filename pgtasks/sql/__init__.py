@@ -29,7 +29,15 @@ def raw_queries() -> dict[str, str]:
 
 
 @functools.cache
-def queries(schema: str) -> dict[str, sql.Composed]:
-    """Every query composed for ``schema``."""
+def queries(schema: str) -> dict[str, bytes | sql.Composed]:
+    """Every query composed for ``schema``.
+
+    With an ASCII schema name the queries are rendered to bytes once, which read the same in
+    every client encoding; a composed query would be rendered again on every execution
+    (quoting the schema through libpq each time), before psycopg's cache of converted queries.
+    """
     ident = sql.Identifier(schema)
-    return {name: sql.SQL(text).format(schema=ident) for name, text in raw_queries().items()}
+    composed = {name: sql.SQL(text).format(schema=ident) for name, text in raw_queries().items()}
+    if not schema.isascii():
+        return dict(composed)
+    return {name: query.as_bytes(None) for name, query in composed.items()}
