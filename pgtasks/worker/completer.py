@@ -33,12 +33,16 @@ class Completer(threading.Thread):
         worker_id: str,
         on_written: Callable[[Final, str | None], None],
         max_batch: int = 1000,
+        linger: float = 0.002,
     ) -> None:
         super().__init__(name="pgtasks-completer", daemon=True)
         self.broker = broker
         self.worker_id = worker_id
         self.on_written = on_written
         self.max_batch = max_batch
+        # How long an outcome waits for others to share its statement: a few milliseconds
+        # turn a busy worker's one-row writes into batches of tens of rows.
+        self.linger = linger
         # Builds a chord's body when its last member finishes (set by the worker, which has
         # the app to decode results with); batches carrying canvas follow-ups need it.
         self.chord_ready: Callable[[Row, list[Row]], Plan] | None = None
@@ -68,6 +72,8 @@ class Completer(threading.Thread):
                     return
                 continue
             batch: list[Final] = [] if first is None else [first]
+            if first is not None and self.linger > 0 and not self._stop_requested.is_set():
+                time.sleep(self.linger)
             while len(batch) < self.max_batch:
                 try:
                     item = self._queue.get_nowait()
