@@ -20,7 +20,7 @@ from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg import errors, pq, sql
-from psycopg.rows import args_row, dict_row
+from psycopg.rows import args_row, dict_row, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
@@ -257,6 +257,13 @@ class Broker:
                 return []
             return cur.fetchall()
 
+    def _statuses(
+        self, name: str, params: dict[str, Any], conn: psycopg.Connection[Any] | None = None
+    ) -> dict[str, str]:
+        """id -> status from a fenced write returning ``id, status, ...`` (as tuples)."""
+        rows: list[Any] = self._all(name, params, conn, row_factory=tuple_row)
+        return {row[0]: row[1] for row in rows}
+
     def _one(
         self, name: str, params: dict[str, Any], conn: psycopg.Connection[Any] | None = None
     ) -> Row | None:
@@ -427,18 +434,17 @@ class Broker:
             }
             for i in items
         ]
-        rows = self._all(
+        return self._statuses(
             "complete_batch",
             {"worker": worker, "rows": json.dumps(outcomes, separators=(",", ":"))},
             conn,
         )
-        return {row["id"]: row["status"] for row in rows}
 
     def fail(
         self, worker: str, items: Sequence[Failure], conn: psycopg.Connection[Any] | None = None
     ) -> dict[str, str]:
         """Fenced terminal failures (FAILED, DEAD or CANCELLED)."""
-        rows = self._all(
+        return self._statuses(
             "fail_batch",
             {
                 "worker": worker,
@@ -454,11 +460,10 @@ class Broker:
             },
             conn,
         )
-        return {row["id"]: row["status"] for row in rows}
 
     def retry(self, worker: str, items: Sequence[RetryAt]) -> dict[str, str]:
         """Fenced retries: PENDING again at the given time, retry count written with it."""
-        rows = self._all(
+        return self._statuses(
             "retry_batch",
             {
                 "worker": worker,
@@ -475,11 +480,10 @@ class Broker:
                 "results": [i.result for i in items],
             },
         )
-        return {row["id"]: row["status"] for row in rows}
 
     def release(self, worker: str, items: Sequence[Release]) -> dict[str, str]:
         """Fenced hand-back of claimed rows that never ran."""
-        rows = self._all(
+        return self._statuses(
             "release_batch",
             {
                 "worker": worker,
@@ -489,7 +493,6 @@ class Broker:
                 "errors": [_text(i.error) for i in items],
             },
         )
-        return {row["id"]: row["status"] for row in rows}
 
     def take_rate_slots(
         self,
