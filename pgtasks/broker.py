@@ -188,8 +188,10 @@ class Broker:
         A claim is a promise to run, not an outcome. One lost in a database crash (it can only
         be the last few hundred milliseconds of claims: any later synchronous commit, such as
         the worker's next completion, flushes it) leaves its rows PENDING, so they run again,
-        as at-least-once delivery allows; the outcome of the first run then fails its fenced
-        write. Every outcome, retry and renewal is still committed durably.
+        as at-least-once delivery allows, under the attempt number the lost claim had taken.
+        When another worker claims such a row, the first run's outcome fails its fenced write;
+        when this worker does, the run that ends first is recorded and the other's outcome is
+        discarded. Every outcome, retry and renewal is still committed durably.
         """
         kwargs = self._conn_kwargs()
         kwargs["options"] = "-c synchronous_commit=off"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import uuid
 from typing import Any
 
 import psycopg
@@ -35,12 +36,14 @@ CREATE TABLE IF NOT EXISTS executions (
     started_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
     finished_at timestamptz,
     runs        integer     NOT NULL DEFAULT 1,
+    call        text,
     UNIQUE (task_id, attempt)
 );
 CREATE TABLE IF NOT EXISTS gates (key text PRIMARY KEY);
 """
 
 GATE_TIMEOUT = 30.0
+RECONNECT_TIMEOUT = 60.0
 
 _conns: dict[tuple[int, int], psycopg.Connection[Any]] = {}
 
@@ -59,8 +62,8 @@ def _conn() -> psycopg.Connection[Any]:
     """A connection for this process and thread; never one inherited through fork."""
     key = (os.getpid(), threading.get_ident())
     conn = _conns.get(key)
-    if conn is None or conn.closed:
-        conn = psycopg.connect(app.database_url, autocommit=True)
+    if conn is None or conn.closed or conn.broken:
+        conn = psycopg.connect(app.database_url, autocommit=True, connect_timeout=5)
         conn.execute(
             sql.SQL("SET search_path TO {}").format(sql.Identifier(app.settings.schema_name))
         )
@@ -70,19 +73,36 @@ def _conn() -> psycopg.Connection[Any]:
     return conn
 
 
+def _write(query: str, params: tuple[Any, ...]) -> None:
+    """Run a record statement, again on a new connection while the database is unreachable
+    (the chaos tests restart it under running tasks)."""
+    deadline = time.monotonic() + RECONNECT_TIMEOUT
+    while True:
+        try:
+            _conn().execute(query, params)
+            return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def _started(task: Task[Any, Any], finished: bool = False) -> None:
     req = task.request
-    _conn().execute(
-        "INSERT INTO executions (task_id, attempt, worker, pid, finished_at)"
-        " VALUES (%s, %s, %s, %s, CASE WHEN %s THEN clock_timestamp() END)"
-        " ON CONFLICT (task_id, attempt) DO UPDATE SET runs = executions.runs + 1",
-        (req.id, req.attempt, req.hostname, os.getpid(), finished),
+    # The call token keeps a statement sent again after a broken connection (which may have
+    # committed the first time) from counting as a second run.
+    _write(
+        "INSERT INTO executions (task_id, attempt, worker, pid, finished_at, call)"
+        " VALUES (%s, %s, %s, %s, CASE WHEN %s THEN clock_timestamp() END, %s)"
+        " ON CONFLICT (task_id, attempt) DO UPDATE"
+        " SET runs = executions.runs + (executions.call IS DISTINCT FROM EXCLUDED.call)::int",
+        (req.id, req.attempt, req.hostname, os.getpid(), finished, uuid.uuid4().hex),
     )
 
 
 def _finished(task: Task[Any, Any]) -> None:
     req = task.request
-    _conn().execute(
+    _write(
         "UPDATE executions SET finished_at = clock_timestamp() WHERE task_id = %s AND attempt = %s",
         (req.id, req.attempt),
     )

@@ -1,0 +1,138 @@
+"""What every chaos run shares: the crew of worker processes, the fault loop, the books.
+
+A scenario enqueues a known set of ``coord.record`` tasks, injects a fault about once a second
+until every task has finished, and checks the books (see ``books``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import random
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from pgtasks import Celery
+from tests.apps import coord
+from tests.apps.harness import WorkerProcess, one, remote, rows
+from tests.chaos import books
+
+#: The test's own connection. A scenario that restarts the database hands out a new one after
+#: each restart; the others always hand out the same.
+Db = Callable[[], psycopg.Connection[Any]]
+
+WORKERS = 4
+LEASE = 1.0
+# Each task sleeps a little, so that kills land in the middle of running tasks and the run lasts
+# long enough for several of them.
+TASK_SLEEP = 0.02
+
+
+def children(pid: int) -> list[int]:
+    """The direct child processes of ``pid`` (Linux)."""
+    found: list[int] = []
+    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            text = (task / "children").read_text()
+            found.extend(int(p) for p in text.split())
+    return found
+
+
+class Crew:
+    """The worker processes of a run: started, killed and replaced by the test."""
+
+    def __init__(self, pg_dsn: str, schema: str, **options: Any) -> None:
+        self.pg_dsn, self.schema, self.options = pg_dsn, schema, options
+        self.names = (f"chaos-{i}" for i in itertools.count())
+        self.live: list[WorkerProcess] = []
+        self.dead: list[WorkerProcess] = []
+
+    def start(self, dsn: str | None = None) -> WorkerProcess:
+        """A new worker, on the crew's database address unless given another (a proxy's)."""
+        worker = WorkerProcess(
+            dsn or self.pg_dsn, self.schema, next(self.names), lease=LEASE, **self.options
+        )
+        self.live.append(worker)
+        return worker
+
+    def kill(self, worker: WorkerProcess) -> None:
+        worker.kill()
+        self.live.remove(worker)
+        self.dead.append(worker)
+
+    def details(self) -> str:
+        return "\n".join(w.describe() for w in self.live[-2:])
+
+    def close(self) -> None:
+        for worker in self.live + self.dead:
+            worker.close()
+
+
+@contextlib.contextmanager
+def crew(pg_dsn: str, schema: str, db: psycopg.Connection[Any], **options: Any) -> Iterator[Crew]:
+    team = Crew(pg_dsn, schema, **options)
+    try:
+        for _ in range(WORKERS):
+            team.start()
+        for worker in team.live:
+            worker.wait_ready(db)
+        yield team
+    finally:
+        team.close()
+
+
+def run_with_faults(db: Db, team: Crew, fault: Callable[[random.Random], bool], seed: int) -> int:
+    """Inject a fault about once a second until every task has finished; returns how many."""
+    rnd = random.Random(seed)
+    faults = 0
+
+    def unfinished() -> int:
+        return int(one(db(), "SELECT count(*) AS n FROM tasks WHERE status <> 'COMPLETED'")["n"])
+
+    def state() -> str:
+        counts = rows(
+            db(),
+            "SELECT status, claimed_by, count(*) AS n, min(run_at) - now() AS due_in,"
+            " min(lease_until) - now() AS lease_left FROM tasks WHERE status <> 'COMPLETED'"
+            " GROUP BY 1, 2",
+        )
+        return "\n".join(str(c) for c in counts)
+
+    deadline = time.monotonic() + float(os.environ.get("PGTASKS_CHAOS_DEADLINE", 240))
+    while unfinished():
+        assert time.monotonic() < deadline, f"unfinished:\n{state()}\n{team.details()}"
+        time.sleep(rnd.uniform(0.5, 1.5))
+        if unfinished() and fault(rnd):
+            faults += 1
+    return faults
+
+
+def scenario(
+    app: Celery,
+    db: Db,
+    team: Crew,
+    fault: Callable[[Crew, random.Random], bool],
+    name: str,
+    seed: int,
+    tasks: int = 2000,
+    crashed: bool = False,
+) -> books.Books:
+    """Enqueue the run's tasks (``tasks`` in CI), inject ``fault`` about once a second until
+    they have all finished, and check the books."""
+    coord.install(db())
+    calls = [((i,), {"sleep": TASK_SLEEP}) for i in range(books.size(tasks))]
+    ids = {r.id for r in remote(app, coord.RECORD).apply_many(calls)}
+    faults = run_with_faults(db, team, lambda rnd: fault(team, rnd), seed)
+    # The workers still listed carried on: only the ones the test killed died.
+    assert all(w.alive() for w in team.live), team.details()
+    kept = books.check(db(), ids, crashed)
+    print(kept.summary(name, faults))
+    assert faults >= 2, "the run ended before the faults could matter; raise the task count"
+    assert kept.lost == 0 and kept.stale_writes == 0
+    assert crashed or kept.double_runs == 0
+    return kept
