@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -44,6 +45,13 @@ def _text(value: str | None) -> str | None:
     """Error text as a text column accepts it: PostgreSQL refuses NUL characters, and an
     exception message may carry one (a failed write there would stop the worker's completer)."""
     return value.replace("\x00", "\\x00") if value else value
+
+
+def _ago(started: datetime | None, now: float) -> float | None:
+    """Seconds from a run's start to ``now``, both read from this host's clock. Outcomes carry
+    this age rather than the start itself, and the database subtracts it from its own ``now()``:
+    a worker whose clock is off still records when its runs began on the database's clock."""
+    return None if started is None else max(0.0, now - started.timestamp())
 
 
 @dataclass(frozen=True)
@@ -422,6 +430,7 @@ class Broker:
         self, worker: str, items: Sequence[Success], conn: psycopg.Connection[Any] | None = None
     ) -> dict[str, str]:
         """Fenced successes; returns id -> new status for the rows this worker still owned."""
+        now = time.time()
         outcomes = [
             {
                 "id": i.id,
@@ -431,7 +440,7 @@ class Broker:
                 "result": base64.b64encode(i.result).decode("ascii")
                 if i.result is not None
                 else None,
-                "started_at": i.started.isoformat() if i.started is not None else None,
+                "started_ago": _ago(i.started, now),
                 "state": i.state,
             }
             for i in items
@@ -446,6 +455,7 @@ class Broker:
         self, worker: str, items: Sequence[Failure], conn: psycopg.Connection[Any] | None = None
     ) -> dict[str, str]:
         """Fenced terminal failures (FAILED, DEAD or CANCELLED)."""
+        now = time.time()
         return self._statuses(
             "fail_batch",
             {
@@ -458,13 +468,14 @@ class Broker:
                 "store": [i.store for i in items],
                 "content_types": [i.content_type for i in items],
                 "results": [i.result for i in items],
-                "started": [i.started for i in items],
+                "started_ago": [_ago(i.started, now) for i in items],
             },
             conn,
         )
 
     def retry(self, worker: str, items: Sequence[RetryAt]) -> dict[str, str]:
         """Fenced retries: PENDING again at the given time, retry count written with it."""
+        now = time.time()
         return self._statuses(
             "retry_batch",
             {
@@ -477,7 +488,7 @@ class Broker:
                 "errors": [_text(i.error) for i in items],
                 "tracebacks": [_text(i.traceback) for i in items],
                 "outcomes": [i.outcome for i in items],
-                "started": [i.started for i in items],
+                "started_ago": [_ago(i.started, now) for i in items],
                 "content_types": [i.content_type for i in items],
                 "results": [i.result for i in items],
             },

@@ -93,11 +93,13 @@ RETURNING t.id, t.cancel_requested
 -- attempt history. Returns the rows this worker still owned.
 WITH input AS (
     -- One json array of outcomes (result in base64): cheaper to write than one array per column.
+    -- started_ago: seconds since the run began, by the worker's clock, so that the start is
+    -- stored on the database clock whatever the worker's clock says.
     SELECT i.id, i.attempt, i.store, i.content_type, decode(i.result, 'base64') AS result,
-           i.started_at, i.state
+           now() - make_interval(secs => i.started_ago) AS started_at, i.state
       FROM json_to_recordset(%(rows)s::json)
         AS i(id text, attempt int, store bool, content_type text, result text,
-             started_at timestamptz, state text)
+             started_ago float8, state text)
 ), owned AS (
     -- Lock in id order (as renew_leases does) so two batches of one worker never deadlock.
     -- Only the primary key is read here: ownership is checked by the update below.
@@ -141,8 +143,8 @@ WITH input AS (
     SELECT *
       FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(statuses)s::text[], %(errors)s::text[],
                   %(tracebacks)s::text[], %(store)s::bool[], %(content_types)s::text[],
-                  %(results)s::bytea[], %(started)s::timestamptz[])
-        AS i(id, attempt, status, error, traceback, store, content_type, result, started_at)
+                  %(results)s::bytea[], %(started_ago)s::float8[])
+        AS i(id, attempt, status, error, traceback, store, content_type, result, started_ago)
 ), owned AS (
     -- Lock in id order (as renew_leases does) so two batches of one worker never deadlock.
     -- Only the primary key is read here: ownership is checked by the update below.
@@ -171,7 +173,8 @@ WITH input AS (
            result = EXCLUDED.result, traceback = EXCLUDED.traceback, date_done = EXCLUDED.date_done
 ), history AS (
     INSERT INTO {schema}.attempts (task_id, attempt, worker, started_at, outcome, error)
-    SELECT d.id, d.attempt, %(worker)s, i.started_at, lower(d.status), i.error
+    SELECT d.id, d.attempt, %(worker)s, now() - make_interval(secs => i.started_ago),
+           lower(d.status), i.error
       FROM done AS d JOIN input AS i USING (id)
     ON CONFLICT DO NOTHING
 )
@@ -185,9 +188,9 @@ WITH input AS (
     SELECT *
       FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(retries)s::int[], %(delays)s::float8[],
                   %(etas)s::timestamptz[], %(errors)s::text[], %(tracebacks)s::text[],
-                  %(outcomes)s::text[], %(started)s::timestamptz[], %(content_types)s::text[],
+                  %(outcomes)s::text[], %(started_ago)s::float8[], %(content_types)s::text[],
                   %(results)s::bytea[])
-        AS i(id, attempt, retries, delay, eta, error, traceback, outcome, started_at,
+        AS i(id, attempt, retries, delay, eta, error, traceback, outcome, started_ago,
              content_type, result)
 ), owned AS (
     -- Lock in id order (as renew_leases does) so two batches of one worker never deadlock.
@@ -219,7 +222,8 @@ WITH input AS (
            result = EXCLUDED.result, traceback = EXCLUDED.traceback, date_done = now()
 ), history AS (
     INSERT INTO {schema}.attempts (task_id, attempt, worker, started_at, outcome, error)
-    SELECT d.id, d.attempt, %(worker)s, i.started_at, i.outcome, i.error
+    SELECT d.id, d.attempt, %(worker)s, now() - make_interval(secs => i.started_ago),
+           i.outcome, i.error
       FROM done AS d JOIN input AS i USING (id)
      WHERE i.outcome IS NOT NULL
     ON CONFLICT DO NOTHING

@@ -26,6 +26,7 @@ RECORD = "coord.record"
 BLOCK = "coord.block"
 EXIT_PROCESS = "coord.exit_process"
 LIMITED = "coord.limited"
+FLAKY = "coord.flaky"
 
 TABLES = """
 CREATE TABLE IF NOT EXISTS executions (
@@ -144,3 +145,12 @@ def exit_process(self: Task[Any, Any]) -> None:
 def limited(self: Task[Any, Any]) -> None:
     """Record the start of a task limited to 20 starts a second across all workers."""
     _started(self, finished=True)
+
+
+@app.task(name=FLAKY, bind=True)
+def flaky(self: Task[Any, Any], countdown: float) -> int:
+    """Record the start; the first attempt asks for a retry in ``countdown`` seconds."""
+    _started(self, finished=True)
+    if self.request.retries == 0:
+        raise self.retry(countdown=countdown, exc=ValueError("first try fails"))
+    return self.request.retries
