@@ -36,6 +36,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+import psycopg
+
 from pgtasks import __version__
 from pgtasks.app import Celery
 from pgtasks.exceptions import PgTasksError
@@ -91,6 +93,9 @@ class Options:
     steady_rate: float | None = None
     #: finished_task_retention and result_expires of the steady phase's workers (seconds).
     steady_retention: float = 60.0
+    #: Hold a REPEATABLE READ transaction open through the steady phase: its snapshot keeps
+    #: vacuum from removing any row that dies meanwhile (the xmin horizon stands still).
+    hold_snapshot: bool = False
     keep: bool = False
     force: bool = False
 
@@ -395,7 +400,7 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
     retention = str(opts.steady_retention)
     env = {"PGTASKS_FINISHED_TASK_RETENTION": retention, "PGTASKS_RESULT_EXPIRES": retention}
     broker = app.broker
-    with started_workers(opts, progress, env) as workers:
+    with started_workers(opts, progress, env) as workers, _held_snapshot(opts) as held:
         stamp.delay(0.0).get(timeout=30)  # warm-up
         since = broker.bench_cost_sample()["now"]
         meter = CostMeter.start()
@@ -450,6 +455,7 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
         "offered_per_second": rate,
         "sent": sent,
         "retention_seconds": opts.steady_retention,
+        "held_snapshot": held,
         "p99_ms_first_half": percentile(p99s[:half], 50) if p99s else None,
         "p99_ms_second_half": percentile(p99s[half:] or p99s, 50) if p99s else None,
         "size_mb_max": max(sizes),
@@ -458,12 +464,29 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
         **cost,
     }
     progress.result(
-        f"steady: {rate:,.0f} tasks/s offered for {opts.steady_seconds:g} s; median window "
+        f"steady: {rate:,.0f} tasks/s offered for {opts.steady_seconds:g} s"
+        f"{' under a held snapshot' if held else ''}; median window "
         f"p99 {report['p99_ms_first_half'] or 0:.1f} ms in the first half, "
         f"{report['p99_ms_second_half'] or 0:.1f} ms in the second; tables at most "
         f"{report['size_mb_max']:.0f} MB"
     )
     return report
+
+
+@contextlib.contextmanager
+def _held_snapshot(opts: Options) -> Iterator[bool]:
+    """With ``hold_snapshot``, a transaction open for the block whose snapshot was taken at its
+    start (the xmin horizon does not move on while it is open); yields whether one is held."""
+    if not opts.hold_snapshot:
+        yield False
+        return
+    with psycopg.connect(opts.database_url) as conn:
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        conn.execute("SELECT txid_current()")  # an xid and a snapshot, kept until rollback
+        try:
+            yield True
+        finally:
+            conn.rollback()
 
 
 # -- the run ----------------------------------------------------------------------------------

@@ -110,6 +110,12 @@ def _database_url(ctx: click.Context, given: str | None) -> str:
     type=click.FloatRange(min=1.0),
     help="Offered load of the steady phase (default: 80% of the burn-down rate).",
 )
+@click.option(
+    "--hold-snapshot",
+    is_flag=True,
+    help="Keep a transaction open through the steady phase, as a long report or an idle "
+    "session in a transaction would: vacuum cannot remove dead rows meanwhile.",
+)
 @click.option("-j", "--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option("--keep", is_flag=True, help="Keep the schema afterwards (to look at the rows).")
 @click.option(
@@ -133,6 +139,7 @@ def bench(
     only: str | None,
     steady_seconds: float,
     steady_rate: float | None,
+    hold_snapshot: bool,
     as_json: bool,
     keep: bool,
     force: bool,
@@ -165,6 +172,7 @@ def bench(
       pgtasks -A proj bench --workers 4 -c 4 --pool prefork
       pgtasks bench --only latency --latency-samples 1000 --rate 100
       pgtasks bench --only burn-down,steady --steady-seconds 300
+      pgtasks bench --only steady --steady-rate 2000 --hold-snapshot
       pgtasks bench --tasks 2000 --json | jq .phases.burn_down
     """
     from pgtasks import bench as bench_
@@ -187,6 +195,7 @@ def bench(
         phases=phases,
         steady_seconds=steady_seconds,
         steady_rate=steady_rate,
+        hold_snapshot=hold_snapshot,
         keep=keep,
         force=force,
     )

@@ -111,11 +111,14 @@ def test_steady_phase_reports_latency_and_sizes_per_window(
         "40",
         "--workers",
         "1",
+        "--hold-snapshot",
         "--json",
         timeout=240,
     )
     assert done.returncode == 0, done.stderr
     steady = json.loads(done.stdout)["phases"]["steady"]
+    assert steady["held_snapshot"] is True
+    assert "under a held snapshot" in done.stderr
     assert steady["offered_per_second"] == 40
     assert 21 * 40 - 40 <= steady["sent"] <= 21 * 40
     assert steady["retention_seconds"] == 60
