@@ -25,7 +25,7 @@ from psycopg.rows import args_row, dict_row, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from pgtasks.exceptions import EncodeError, ImproperlyConfigured
+from pgtasks.exceptions import EncodeError, ImproperlyConfigured, NotPermitted
 from pgtasks.message import ClaimedTask, TaskMessage
 from pgtasks.sql import queries
 
@@ -128,6 +128,9 @@ class Broker:
             "COPY {}.tasks (id, name, queue, priority, run_at, expires_at, content_type,"
             " content_encoding, payload, payload_raw, headers, max_retries) FROM STDIN"
         ).format(sql.Identifier(schema))
+        # Whether COPY may load tasks: not where row-level security applies to this role
+        # (`pgtasks grants`), which PostgreSQL refuses COPY FROM for. None: not known yet.
+        self._copy_ok: bool | None = None
         self.prepare_threshold: int | None = 5 if prepared_statements else None
         self.min_size = min_size
         self.max_size = max_size
@@ -318,13 +321,31 @@ class Broker:
         if not msgs:
             return
         with _storage_errors(None):
-            if any(m.countdown is not None or m.expires_in is not None for m in msgs):
-                rows = json.dumps([_json_row(msg) for msg in msgs], separators=(",", ":"))
-                self._all("insert_tasks", {"rows": rows}, conn)
+            relative = any(m.countdown is not None or m.expires_in is not None for m in msgs)
+            if relative or not self._copy_allowed(conn):
+                self._insert_json(msgs, conn)
             elif conn is not None:
                 self._copy_tasks(conn, msgs)
             else:
-                self._pooled(lambda c: self._copy_tasks(c, msgs), "insert_tasks")
+                try:
+                    self._pooled(lambda c: self._copy_tasks(c, msgs), "insert_tasks")
+                except errors.FeatureNotSupported:
+                    # Row-level security came on after this process looked: INSERT from now on.
+                    self._copy_ok = False
+                    self._insert_json(msgs, conn)
+
+    def _insert_json(
+        self, msgs: Sequence[TaskMessage], conn: psycopg.Connection[Any] | None
+    ) -> None:
+        rows = json.dumps([_json_row(msg) for msg in msgs], separators=(",", ":"))
+        self._all("insert_tasks", {"rows": rows}, conn)
+
+    def _copy_allowed(self, conn: psycopg.Connection[Any] | None) -> bool:
+        """Whether COPY may load tasks for this role (asked once per process)."""
+        if self._copy_ok is None:
+            found = self._all("tasks_row_security", {"schema": self.schema}, conn)
+            self._copy_ok = not (found and found[0]["active"])
+        return self._copy_ok
 
     def _copy_tasks(self, conn: psycopg.Connection[Any], msgs: Sequence[TaskMessage]) -> None:
         """COPY the rows in (a transaction of its own on an autocommit connection)."""
@@ -1063,6 +1084,12 @@ def _storage_errors(task_id: str | None) -> Iterator[None]:
     except errors.UndefinedTable:
         raise ImproperlyConfigured(
             "the pgtasks schema does not exist in this database; run `pgtasks migrate`"
+        ) from None
+    except errors.InsufficientPrivilege as exc:
+        raise NotPermitted(
+            f"the database refused to store the task ({exc.diag.message_primary}): this role "
+            "may not enqueue it; `pgtasks grants` sets the queues and task names a producer "
+            "role may use"
         ) from None
 
 

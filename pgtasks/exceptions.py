@@ -29,6 +29,7 @@ __all__ = [
     "InvalidTaskError",
     "MaxRetriesExceededError",
     "NotConfigured",
+    "NotPermitted",
     "NotRegistered",
     "OperationalError",
     "PgTasksError",
@@ -159,6 +160,10 @@ RetryTaskError = Retry
 
 class SecurityError(PgTasksError):
     """A message failed a security check."""
+
+
+class NotPermitted(SecurityError):
+    """The database refused a statement to this client's role (see ``pgtasks grants``)."""
 
 
 class QueueNotFound(KeyError, TaskError):

@@ -1,4 +1,4 @@
-"""``worker``, ``migrate`` and ``purge``."""
+"""``worker``, ``migrate``, ``grants`` and ``purge``."""
 
 from __future__ import annotations
 
@@ -145,6 +145,86 @@ def migrate(ctx: click.Context, schema: str | None) -> None:
         click.echo(f"schema {name!r} is now at version {applied[-1].version}")
     else:
         click.echo(f"schema {name!r} is up to date (version {migrations.latest()})")
+
+
+@cli.command()
+@click.option(
+    "--producer",
+    "producers",
+    multiple=True,
+    metavar="ROLE",
+    help="Role that may enqueue and read states and results (repeatable).",
+)
+@click.option(
+    "--worker",
+    "workers",
+    multiple=True,
+    metavar="ROLE",
+    help="Role that may run workers and the scheduler (repeatable).",
+)
+@click.option("--admin", metavar="ROLE", help="Role to own the schema and every table in it.")
+@click.option("--queues", metavar="Q1,Q2", help="Producers may enqueue only to these queues.")
+@click.option(
+    "--tasks",
+    "task_names",
+    metavar="NAMES",
+    help="Producers may enqueue only these task names (comma-separated; proj.* allows a prefix).",
+)
+@click.option("--schema", help="Schema name (default: the app's, or pgtasks).")
+@click.option("--dry-run", is_flag=True, help="Print the statements instead of running them.")
+@click.pass_context
+def grants(
+    ctx: click.Context,
+    /,
+    producers: tuple[str, ...],
+    workers: tuple[str, ...],
+    admin: str | None,
+    queues: str | None,
+    task_names: str | None,
+    schema: str | None,
+    dry_run: bool,
+) -> None:
+    """Give existing database roles the rights of producers, workers and an admin.
+
+    \b
+    producer  enqueue (optionally only to --queues and --tasks) and read
+              states and results; nothing else
+    worker    claim, finish, retry, reclaim, enqueue follow-ups, run beat,
+              prune finished rows; never purge, requeue or discard
+    admin     owns the schema: migrate, purge, requeue, discard
+
+    Row-level security on the tasks table enforces the limits; once it is on,
+    a role given nothing here sees no task. Run as the schema's owner or a
+    superuser; run it again to change a role's queues or task names.
+
+    \b
+    Examples:
+      pgtasks grants --admin queue_admin --worker queue_worker --producer web
+      pgtasks grants --producer reports --queues reports --tasks 'reports.*'
+      pgtasks grants --producer web --dry-run
+    """
+    from pgtasks import grants as grants_
+
+    if not (producers or workers or admin):
+        raise click.UsageError("name at least one role: --producer, --worker or --admin")
+    app = get_app(ctx, required=False)
+    name = schema or app.settings.schema_name
+    roles = grants_.Roles(
+        producers=producers,
+        workers=workers,
+        admins=[admin] if admin else [],
+        queues=_queues(queues),
+        task_names=_queues(task_names),
+    )
+    if dry_run:
+        for statement in grants_.statements(name, roles):
+            click.echo(f"{statement.as_string(None)};")
+        return
+    try:
+        done = grants_.apply(app.database_url, name, roles)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(f"schema {name!r}: {len(done)} statements applied")
 
 
 @cli.command()

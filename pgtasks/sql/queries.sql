@@ -436,6 +436,12 @@ SELECT queue, status, count(*) AS n FROM {schema}.tasks GROUP BY queue, status O
 -- The newest applied migration, or NULL when the schema has none.
 SELECT max(version) AS version FROM {schema}.migrations
 
+-- name: tasks_row_security
+-- Whether row-level security applies to this role on the task table (COPY FROM is refused then).
+SELECT row_security_active(c.oid) AS active
+  FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+ WHERE n.nspname = %(schema)s AND c.relname = 'tasks'
+
 -- name: count_unfinished
 -- Tasks of the given queues still waiting (due or scheduled) or running: burst mode's exit test.
 -- Counted as two parts so that each reads its partial index (the claim index, the lease index)
