@@ -423,7 +423,7 @@ class Task(Generic[P, R]):
             max_retries = self.max_retries
         max_payload = settings.max_payload_bytes
         default_queue = settings.default_queue
-        name = self.name
+        name = _check_text("task name", self.name)
 
         def make(
             args: Sequence[Any] | None, kwargs: dict[str, Any] | None, task_id: str | None = None
@@ -458,7 +458,7 @@ class Task(Generic[P, R]):
                 kwargsrepr if kwargsrepr is not None else self._kwargsrepr(kwargs, small)
             )
             return TaskMessage(
-                id=task_id or new_id(),
+                id=_check_text("task id", task_id) if task_id else new_id(),
                 name=name,
                 queue=call_queue,
                 priority=priority,
@@ -644,7 +644,19 @@ def _aware(what: str, value: Any, zone: tzinfo) -> datetime:
 def _check_queue(queue: Any) -> str:
     if not isinstance(queue, str) or not queue:
         raise ValueError("queue must be a non-empty string")
-    return queue
+    return _check_text("queue name", queue)
+
+
+def _check_text(what: str, value: str) -> str:
+    """``value`` as a text column takes it: no NUL character, nothing UTF-8 cannot encode."""
+    if "\x00" in value:
+        raise ValueError(f"{what} {value!r} contains a NUL character, which PostgreSQL refuses")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{what} {value!r} is not valid Unicode (a lone surrogate)") from None
+    return value
 
 
 def _is_plain(value: Any) -> bool:
