@@ -322,15 +322,19 @@ class Broker:
             return
         with _storage_errors(None):
             relative = any(m.countdown is not None or m.expires_in is not None for m in msgs)
-            if relative or not self._copy_allowed(conn):
+            if relative or self._copy_ok is False:
                 self._insert_json(msgs, conn)
             elif conn is not None:
-                self._copy_tasks(conn, msgs)
+                # In the caller's transaction a refused COPY would abort it: ask first.
+                if self._copy_allowed(conn):
+                    self._copy_tasks(conn, msgs)
+                else:
+                    self._insert_json(msgs, conn)
             else:
                 try:
                     self._pooled(lambda c: self._copy_tasks(c, msgs), "insert_tasks")
                 except errors.FeatureNotSupported:
-                    # Row-level security came on after this process looked: INSERT from now on.
+                    # Row-level security applies to this role: INSERT from now on.
                     self._copy_ok = False
                     self._insert_json(msgs, conn)
 
@@ -340,8 +344,8 @@ class Broker:
         rows = json.dumps([_json_row(msg) for msg in msgs], separators=(",", ":"))
         self._all("insert_tasks", {"rows": rows}, conn)
 
-    def _copy_allowed(self, conn: psycopg.Connection[Any] | None) -> bool:
-        """Whether COPY may load tasks for this role (asked once per process)."""
+    def _copy_allowed(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether COPY may load tasks for this role (asked at most once per process)."""
         if self._copy_ok is None:
             found = self._all("tasks_row_security", {"schema": self.schema}, conn)
             self._copy_ok = not (found and found[0]["active"])

@@ -53,8 +53,9 @@ def test_group_is_enqueued_in_one_statement(
     monkeypatch.setattr(Broker, "_copy_tasks", spy_copy)
     # When a 100-member group is applied
     res = group(tasks["double"].s(i) for i in range(100)).apply_async()
-    # Then one COPY wrote every row: same transaction id, same statement time
-    assert ran == ["copy"]
+    # Then one COPY wrote every row: same transaction id, same statement time (the process's
+    # first COPY in a transaction asks once whether row-level security allows it)
+    assert [name for name in ran if name != "tasks_row_security"] == ["copy"]
     rows = db.execute(
         "SELECT xmin::text, created_at, headers->>'group', (headers->>'group_index')::int "
         "FROM tasks ORDER BY (headers->>'group_index')::int"
