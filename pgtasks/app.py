@@ -268,6 +268,7 @@ class Celery:
                         min_size=s.pool_min_size,
                         max_size=s.pool_max_size,
                         connect_timeout=s.connect_timeout,
+                        source=s.task_source,
                     )
         return self._broker
 

@@ -25,7 +25,7 @@ from psycopg.rows import args_row, dict_row, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from pgtasks.exceptions import EncodeError, ImproperlyConfigured, NotPermitted
+from pgtasks.exceptions import EncodeError, ImproperlyConfigured, NotPermitted, QuotaExceeded
 from pgtasks.message import ClaimedTask, TaskMessage
 from pgtasks.sql import queries
 
@@ -120,9 +120,13 @@ class Broker:
         min_size: int = 1,
         max_size: int = 10,
         connect_timeout: float = 10.0,
+        source: str | None = None,
     ) -> None:
         self.dsn = dsn
         self.schema = schema
+        #: Sent as the session's pgtasks.source: the source of the rows this process enqueues
+        #: (see pgtasks.quotas); None: the database role.
+        self.source = source
         self.q = queries(schema)
         self._copy_statement = sql.SQL(
             "COPY {}.tasks (id, name, queue, priority, run_at, expires_at, content_type,"
@@ -142,12 +146,18 @@ class Broker:
 
     # -- connections -------------------------------------------------------------------------
 
-    def _conn_kwargs(self) -> dict[str, Any]:
-        return {
+    def _conn_kwargs(self, *settings: str) -> dict[str, Any]:
+        """Connection arguments; ``settings`` are extra ``name=value`` session settings."""
+        kwargs: dict[str, Any] = {
             "autocommit": True,
             "prepare_threshold": self.prepare_threshold,
             "connect_timeout": max(1, int(self.connect_timeout)),
         }
+        if self.source:
+            settings = (f"pgtasks.source={self.source}", *settings)
+        if settings:
+            kwargs["options"] = " ".join(f"-c {setting}" for setting in settings)
+        return kwargs
 
     @property
     def pool(self) -> ConnectionPool:
@@ -204,9 +214,7 @@ class Broker:
         when this worker does, the run that ends first is recorded and the other's outcome is
         discarded. Every outcome, retry and renewal is still committed durably.
         """
-        kwargs = self._conn_kwargs()
-        kwargs["options"] = "-c synchronous_commit=off"
-        return psycopg.connect(self.dsn, **kwargs)
+        return psycopg.connect(self.dsn, **self._conn_kwargs("synchronous_commit=off"))
 
     def listen_connection(self) -> psycopg.Connection[Any]:
         """A connection listening on the wake-up channel."""
@@ -1089,6 +1097,9 @@ def _storage_errors(task_id: str | None) -> Iterator[None]:
         raise ImproperlyConfigured(
             "the pgtasks schema does not exist in this database; run `pgtasks migrate`"
         ) from None
+    except errors.ConfigurationLimitExceeded as exc:
+        hint = f"; {exc.diag.message_hint}" if exc.diag.message_hint else ""
+        raise QuotaExceeded(f"{exc.diag.message_primary}{hint}") from None
     except errors.InsufficientPrivilege as exc:
         raise NotPermitted(
             f"the database refused to store the task ({exc.diag.message_primary}): this role "

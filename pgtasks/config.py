@@ -60,6 +60,12 @@ class Settings(BaseSettings):
         description="PostgreSQL URL or libpq key=value string. None: an embedded PostgreSQL.",
     )
     schema_name: str = Field(default="pgtasks", description="Schema holding every pgtasks table.")
+    task_source: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_.:-]{1,63}$",
+        description="Source recorded on the rows this app enqueues, which quotas count by "
+        "(None: the database role).",
+    )
     default_queue: str = "celery"
     default_priority: int = 0
     task_serializer: str = "json"

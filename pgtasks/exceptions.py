@@ -34,6 +34,7 @@ __all__ = [
     "OperationalError",
     "PgTasksError",
     "QueueNotFound",
+    "QuotaExceeded",
     "Reject",
     "Retry",
     "RetryTaskError",
@@ -164,6 +165,11 @@ class SecurityError(PgTasksError):
 
 class NotPermitted(SecurityError):
     """The database refused a statement to this client's role (see ``pgtasks grants``)."""
+
+
+class QuotaExceeded(PgTasksError):
+    """An enqueue would leave its source with more waiting tasks than its quota
+    (``pgtasks quota``); nothing of it was written."""
 
 
 class QueueNotFound(KeyError, TaskError):

@@ -38,6 +38,7 @@ TABLES = (
     "rate_limits",
     "schedule_entries",
     "schedule_ticks",
+    "quotas",
     "migrations",
 )
 #: Tables a producer writes, and how.
@@ -47,6 +48,7 @@ PRODUCER_TABLES = {
     "workers": ("SELECT",),
     "chords": ("INSERT",),
     "group_results": ("SELECT", "INSERT", "UPDATE"),
+    "quotas": ("SELECT",),
     "migrations": ("SELECT",),
 }
 WORKER_RIGHTS = ("SELECT", "INSERT", "UPDATE", "DELETE")
@@ -111,7 +113,7 @@ def statements(schema: str, roles: Roles) -> list[sql.Composed]:
         out.append(sql.SQL("ALTER SCHEMA {} OWNER TO {}").format(s, role))
         for name in TABLES:
             out.append(sql.SQL("ALTER TABLE {} OWNER TO {}").format(table(name), role))
-        for function in ("notify_due", "notify_result"):
+        for function in ("notify_due", "notify_result", "enforce_quotas"):
             out.append(
                 sql.SQL("ALTER FUNCTION {}.{}() OWNER TO {}").format(
                     s, sql.Identifier(function), role
@@ -129,7 +131,8 @@ def statements(schema: str, roles: Roles) -> list[sql.Composed]:
     for worker in roles.workers:
         role = sql.Identifier(worker)
         for name in TABLES:
-            rights = ("SELECT",) if name == "migrations" else WORKER_RIGHTS
+            # Quotas and the schema version are the admin's to change.
+            rights = ("SELECT",) if name in ("migrations", "quotas") else WORKER_RIGHTS
             out.append(sql.SQL("GRANT {} ON {} TO {}").format(_rights(rights), table(name), role))
     if clients:
         out.append(sql.SQL("ALTER TABLE {} ENABLE ROW LEVEL SECURITY").format(tasks))

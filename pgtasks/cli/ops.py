@@ -1,5 +1,5 @@
-"""``queues``, ``dlq`` and ``health``: what an operator asks of the queue, answered by a few
-statements on the task table (see the "operators" section of :mod:`pgtasks.broker`)."""
+"""``queues``, ``dlq``, ``health`` and ``quota``: what an operator asks of the queue, answered
+by a few statements on the task table (see the "operators" section of :mod:`pgtasks.broker`)."""
 
 from __future__ import annotations
 
@@ -463,3 +463,70 @@ def health(
         f"{report['dead_per_minute']:.1f} dead letters/min, "
         f"{_plural(report['live_workers'], 'live worker')}"
     )
+
+
+# -- quota ------------------------------------------------------------------------------------
+
+
+@cli.group()
+def quota() -> None:
+    """Bound the waiting tasks of a source, so a runaway loop cannot fill the table.
+
+    A row's source is the task_source setting of the app that enqueued it (PGTASKS_TASK_SOURCE),
+    else the database role it connected as. An enqueue that would leave its source with more
+    waiting tasks than its quota fails with QuotaExceeded and writes nothing.
+
+    \b
+    Examples:
+      pgtasks -A proj quota set web 50000
+      pgtasks -A proj quota list
+      pgtasks -A proj quota clear web
+    """
+
+
+@quota.command("set")
+@click.argument("source")
+@click.argument("max_pending", metavar="N", type=click.IntRange(min=0))
+@click.pass_context
+def quota_set(ctx: click.Context, source: str, max_pending: int) -> None:
+    """Allow SOURCE at most N waiting tasks."""
+    from pgtasks import quotas
+
+    app = get_app(ctx, required=False)
+    quotas.set_quota(app.database_url, app.settings.schema_name, source, max_pending)
+    click.echo(f"{source} may have at most {max_pending:,} waiting tasks")
+
+
+@quota.command("clear")
+@click.argument("source")
+@click.pass_context
+def quota_clear(ctx: click.Context, source: str) -> None:
+    """Remove SOURCE's quota."""
+    from pgtasks import quotas
+
+    app = get_app(ctx, required=False)
+    if not quotas.clear_quota(app.database_url, app.settings.schema_name, source):
+        raise click.UsageError(f"{source} has no quota")
+    click.echo(f"{source} has no quota now")
+
+
+@quota.command("list")
+@click.option("-j", "--json", "as_json", is_flag=True, help="Print one JSON object per line.")
+@click.pass_context
+def quota_list(ctx: click.Context, as_json: bool) -> None:
+    """Every quota, with its source's waiting tasks now."""
+    from pgtasks import quotas
+
+    app = get_app(ctx, required=False)
+    found = quotas.quotas(app.database_url, app.settings.schema_name)
+    if as_json:
+        for q in found:
+            click.echo(
+                _dump({"source": q.source, "max_pending": q.max_pending, "waiting": q.waiting})
+            )
+        return
+    if not found:
+        click.echo("no quotas")
+        return
+    rows = [[q.source, f"{q.max_pending:,}", f"{q.waiting:,}"] for q in found]
+    click.echo(_table(["SOURCE", "QUOTA", "WAITING"], rows, right={1, 2}))

@@ -165,3 +165,22 @@ def test_health_without_a_database(pg_dsn: str, schema: str) -> None:
     assert done.stdout.startswith("unhealthy: cannot reach the database: ")
     assert done.stdout.count("\n") == 1
     assert done.stderr == ""
+
+
+def test_quota_set_list_and_clear(env: dict[str, str], db: psycopg.Connection[Any]) -> None:
+    help_text = run_cli(env, "quota", "--help")
+    assert help_text.returncode == 0 and "Examples:" in help_text.stdout
+    assert run_cli(env, "quota", "list").stdout == "no quotas\n"
+    done = run_cli(env, "quota", "set", "web", "2")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "web may have at most 2 waiting tasks\n"
+    db.execute("INSERT INTO tasks (id, name, payload, source) VALUES ('q1', 't', '[]', 'web')")
+    table = run_cli(env, "quota", "list").stdout.splitlines()
+    assert table[0].split() == ["SOURCE", "QUOTA", "WAITING"]
+    assert table[1].split() == ["web", "2", "1"]
+    listed = json.loads(run_cli(env, "quota", "list", "--json").stdout)
+    assert listed == {"source": "web", "max_pending": 2, "waiting": 1}
+    assert run_cli(env, "quota", "set", "web", "-1").returncode == 2
+    assert run_cli(env, "quota", "clear", "web").stdout == "web has no quota now\n"
+    missing = run_cli(env, "quota", "clear", "web")
+    assert missing.returncode == 2 and "web has no quota" in missing.stderr

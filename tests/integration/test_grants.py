@@ -11,8 +11,8 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from pgtasks import Celery, grants
-from pgtasks.exceptions import NotPermitted
+from pgtasks import Celery, grants, quotas
+from pgtasks.exceptions import NotPermitted, QuotaExceeded
 from tests.apps.harness import one, wait_until
 from tests.conftest import running_worker
 
@@ -200,5 +200,16 @@ def test_a_worker_role_can_run_the_scheduler(roles: Roles, db: psycopg.Connectio
                 lambda: one(db, "SELECT count(*) AS n FROM tasks WHERE status = 'COMPLETED'")["n"],
                 what="a scheduled task to run",
             )
+    finally:
+        app.close()
+
+
+def test_a_producer_role_is_held_to_its_quota(roles: Roles, pg_dsn: str, schema: str) -> None:
+    quotas.set_quota(pg_dsn, schema, roles.producer, 1)  # its rows' source is its role
+    app = roles.app(roles.producer)
+    try:
+        app.tasks["reports.build"].delay(1)
+        with pytest.raises(QuotaExceeded):
+            app.tasks["reports.build"].delay(2)
     finally:
         app.close()
