@@ -22,6 +22,12 @@ from tests.apps import coord
 from tests.apps.harness import WorkerProcess, one, remote, rows
 from tests.chaos import books
 
+#: Seconds a run may take to finish its tasks (``PGTASKS_CHAOS_DEADLINE``: raise it with
+#: ``PGTASKS_CHAOS_TASKS`` for full-size runs), and the test's timeout, which leaves room for
+#: start-up and the books.
+DEADLINE = float(os.environ.get("PGTASKS_CHAOS_DEADLINE", 240))
+TIMEOUT = DEADLINE + 120
+
 #: The test's own connection. A scenario that restarts the database hands out a new one after
 #: each restart; the others always hand out the same.
 Db = Callable[[], psycopg.Connection[Any]]
@@ -103,7 +109,7 @@ def run_with_faults(db: Db, team: Crew, fault: Callable[[random.Random], bool], 
         )
         return "\n".join(str(c) for c in counts)
 
-    deadline = time.monotonic() + float(os.environ.get("PGTASKS_CHAOS_DEADLINE", 240))
+    deadline = time.monotonic() + DEADLINE
     while unfinished():
         assert time.monotonic() < deadline, f"unfinished:\n{state()}\n{team.details()}"
         time.sleep(rnd.uniform(0.5, 1.5))

@@ -26,7 +26,7 @@ from psycopg import sql
 
 from pgtasks import Celery
 from pgtasks.migrate import migrate
-from tests.chaos.crew import LEASE, Crew, crew, scenario
+from tests.chaos.crew import LEASE, TIMEOUT, Crew, crew, scenario
 from tests.chaos.proxy import Proxy
 
 
@@ -85,7 +85,7 @@ def server_app(server: Server) -> Iterator[Celery]:
         server.forget()
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(TIMEOUT)
 @pytest.mark.usefixtures("no_dead_letters_for_lost_workers")
 @pytest.mark.parametrize("mode", ["fast", "immediate"])
 def test_database_restarts_lose_no_task(server: Server, server_app: Celery, mode: str) -> None:
@@ -99,7 +99,7 @@ def test_database_restarts_lose_no_task(server: Server, server_app: Celery, mode
         scenario(server_app, server.db, team, restart, name, seed, crashed=mode == "immediate")
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(TIMEOUT)
 @pytest.mark.usefixtures("no_dead_letters_for_lost_workers")
 def test_a_worker_cut_off_from_the_database_loses_no_task(
     app: Celery, db: psycopg.Connection[Any], pg_dsn: str, schema: str

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from pgtasks import Celery
-from tests.chaos.crew import Crew, children, crew, scenario
+from tests.chaos.crew import TIMEOUT, Crew, children, crew, scenario
 
 
 def kill_a_worker(team: Crew, rnd: random.Random) -> bool:
@@ -37,7 +37,7 @@ def kill_a_child(team: Crew, rnd: random.Random) -> bool:
     return True
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(TIMEOUT)
 @pytest.mark.usefixtures("no_dead_letters_for_lost_workers")
 def test_killing_worker_processes_loses_no_task(
     app: Celery, db: psycopg.Connection[Any], pg_dsn: str, schema: str
@@ -47,7 +47,7 @@ def test_killing_worker_processes_loses_no_task(
         scenario(app, lambda: db, team, kill_a_worker, "kill -9 of worker processes", seed)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(TIMEOUT)
 @pytest.mark.usefixtures("no_dead_letters_for_lost_workers")
 def test_killing_prefork_children_loses_no_task(
     app: Celery, db: psycopg.Connection[Any], pg_dsn: str, schema: str
