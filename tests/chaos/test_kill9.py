@@ -13,6 +13,7 @@ import contextlib
 import os
 import random
 import signal
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -39,19 +40,24 @@ def kill_a_child(team: Crew, rnd: random.Random) -> bool:
 
 @pytest.mark.timeout(TIMEOUT)
 @pytest.mark.usefixtures("no_dead_letters_for_lost_workers")
-def test_killing_worker_processes_loses_no_task(
-    app: Celery, db: psycopg.Connection[Any], pg_dsn: str, schema: str
+@pytest.mark.parametrize(
+    ("pool", "fault", "seed", "name"),
+    [
+        ("threads", kill_a_worker, 7, "kill -9 of worker processes"),
+        ("prefork", kill_a_child, 11, "kill -9 of prefork children"),
+    ],
+    ids=["worker-processes", "prefork-children"],
+)
+def test_killing_processes_loses_no_task(
+    app: Celery,
+    db: psycopg.Connection[Any],
+    pg_dsn: str,
+    schema: str,
+    pool: str,
+    fault: Callable[[Crew, random.Random], bool],
+    seed: int,
+    name: str,
 ) -> None:
-    with crew(pg_dsn, schema, db, pool="threads", concurrency=2) as team:
-        seed = int(os.environ.get("SEED", 7))
-        scenario(app, lambda: db, team, kill_a_worker, "kill -9 of worker processes", seed)
-
-
-@pytest.mark.timeout(TIMEOUT)
-@pytest.mark.usefixtures("no_dead_letters_for_lost_workers")
-def test_killing_prefork_children_loses_no_task(
-    app: Celery, db: psycopg.Connection[Any], pg_dsn: str, schema: str
-) -> None:
-    with crew(pg_dsn, schema, db, pool="prefork", concurrency=2) as team:
-        seed = int(os.environ.get("SEED", 11))
-        scenario(app, lambda: db, team, kill_a_child, "kill -9 of prefork children", seed)
+    with crew(pg_dsn, schema, db, pool=pool, concurrency=2) as team:
+        seed = int(os.environ.get("SEED", seed))
+        scenario(app, lambda: db, team, fault, name, seed)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from pgtasks import Celery, Task
 from pgtasks.exceptions import EncodeError
 from tests.apps.harness import one, remote
+from tests.integration.test_bad_input import task_count
 
 SETTINGS = settings(
     max_examples=60,
@@ -74,10 +75,6 @@ def representable(value: Any) -> bool:
     if isinstance(value, dict):
         return all(representable(k) and representable(v) for k, v in value.items())
     return True
-
-
-def task_count(db: psycopg.Connection[Any]) -> int:
-    return int(one(db, "SELECT count(*) AS n FROM tasks")["n"])
 
 
 @pytest.fixture
