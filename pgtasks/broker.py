@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 import psycopg
 from psycopg import errors, pq, sql
@@ -28,6 +28,9 @@ from psycopg_pool import ConnectionPool
 from pgtasks.exceptions import EncodeError, ImproperlyConfigured, NotPermitted, QuotaExceeded
 from pgtasks.message import ClaimedTask, TaskMessage
 from pgtasks.sql import queries
+
+if TYPE_CHECKING:
+    from pgtasks.worker.floors import FloorPlan
 
 Row = dict[str, Any]
 _T = TypeVar("_T")
@@ -432,15 +435,19 @@ class Broker:
         limit: int,
         lease: float,
         conn: psycopg.Connection[Any] | None = None,
+        floors: FloorPlan | None = None,
     ) -> list[ClaimedTask]:
-        """Claim up to ``limit`` due tasks in priority order (one statement)."""
+        """Claim up to ``limit`` due tasks in priority order (one statement); with ``floors``,
+        reading each known queue and priority from its floor on (see pgtasks.worker.floors)."""
+        params: dict[str, Any] = {"worker": worker, "limit": limit, "lease": lease}
+        if floors is None:
+            name = "claim_batch"
+            params["queues"] = list(queues)
+        else:
+            name = "claim_batch_from_floors"
+            params.update(floors.params())
         # Columns come back in ClaimedTask's field order: built positionally, no dict per row.
-        claimed: list[Any] = self._all(
-            "claim_batch",
-            {"worker": worker, "queues": list(queues), "limit": limit, "lease": lease},
-            conn,
-            row_factory=args_row(ClaimedTask),
-        )
+        claimed: list[Any] = self._all(name, params, conn, row_factory=args_row(ClaimedTask))
         return claimed
 
     def renew(self, worker: str, owned: Sequence[tuple[str, int]], lease: float) -> dict[str, bool]:
@@ -573,12 +580,27 @@ class Broker:
         A chord member that ends here (dead-lettered, or cancelled) is counted by its chord in
         the same transaction, as a failed member, so the chord's error is recorded.
         """
+        return self.reclaim_from(None, max_lost, limit, chord_ready)[0]
+
+    def reclaim_from(
+        self,
+        floor: datetime | None,
+        max_lost: int,
+        limit: int = 1000,
+        chord_ready: Callable[[Row, list[Row]], Plan] | None = None,
+    ) -> tuple[list[Row], datetime]:
+        """``reclaim`` of the leases that ran out at ``floor`` or later (None: any), with the
+        time (database clock) up to which they were taken back."""
         with self.pool.connection(timeout=self.connect_timeout) as conn, conn.transaction():
-            rows = self._all("reclaim_expired", {"max_lost": max_lost, "limit": limit}, conn)
+            rows = self._all(
+                "reclaim_expired", {"max_lost": max_lost, "limit": limit, "floor": floor}, conn
+            )
             hits = [r["chord"] for r in rows if r["chord"] and r["status"] != "PENDING"]
             if hits and chord_ready is not None:
                 self._count_chords(conn, Plan(chord_hits=hits), chord_ready)
-        return rows
+            row = self._one("transaction_time", {}, conn)
+        assert row is not None
+        return rows, row["now"]
 
     def register_worker(
         self, worker: str, host: str, pid: int, queues: Sequence[str], concurrency: int
@@ -624,12 +646,27 @@ class Broker:
             cur = c.execute(self.q["purge"], {"queues": list(queues) if queues else None})
             return cur.rowcount
 
-    def prune(self, task_age: float, result_age: float, limit: int = 10000) -> tuple[int, int]:
+    def prune(
+        self,
+        task_age: float,
+        result_age: float,
+        limit: int = 10000,
+        floors: tuple[datetime | None, datetime | None] = (None, None),
+    ) -> Pruned:
+        """Delete up to ``limit`` finished rows and results past their age, and no older than
+        ``floors`` (finished tasks', results'; None: no floor)."""
         row = self._one(
-            "prune_finished", {"task_age": task_age, "result_age": result_age, "limit": limit}
+            "prune_finished",
+            {
+                "task_age": task_age,
+                "result_age": result_age,
+                "limit": limit,
+                "task_floor": floors[0],
+                "result_floor": floors[1],
+            },
         )
         assert row is not None
-        return int(row["tasks"]), int(row["results"])
+        return Pruned(row["tasks"], row["results"], row["task_cutoff"], row["result_cutoff"])
 
     def count_unfinished(self, queues: Sequence[str]) -> int:
         """Waiting (due or scheduled) and running tasks of ``queues``."""
@@ -1114,6 +1151,15 @@ def _storage_errors(task_id: str | None) -> Iterator[None]:
 def result_channel(schema: str) -> str:
     """The channel announcing stored results for ``schema`` (see migration 0002)."""
     return f"pgtasks_r_{schema}"[:63]
+
+
+class Pruned(NamedTuple):
+    """What one prune call deleted, and the ages it deleted below (database clock)."""
+
+    tasks: int
+    results: int
+    task_cutoff: datetime
+    result_cutoff: datetime
 
 
 @dataclass(frozen=True)

@@ -11,17 +11,31 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta
 
 import psycopg
 import structlog
 
 from pgtasks.broker import Broker, Plan, Row
 from pgtasks.metrics import NullMetrics
+from pgtasks.worker.floors import Gate
 
 log = structlog.get_logger("pgtasks")
 
 
 class Reclaimer:
+    """Takes back expired leases.
+
+    The lease index keeps an entry for every lease a row has had until vacuum removes it. While
+    a long transaction elsewhere holds vacuum back, a call that reads the index from its oldest
+    entry gets slower with every lease since; once a full call is slow (see ``Gate``), calls
+    start where the last one that caught up ended, less ``FLOOR_MARGIN`` (a lease committed
+    later than that behind its own time is found by the next full call).
+    """
+
+    FLOOR_MARGIN = timedelta(seconds=2)
+    BATCH = 1000
+
     def __init__(
         self,
         broker: Broker,
@@ -32,9 +46,19 @@ class Reclaimer:
         self.max_lost = max_lost
         self.chord_ready = chord_ready
         self.metrics: NullMetrics = NullMetrics()
+        self.gate = Gate(slow=0.05, min_full_every=10.0)
+        self._floor: datetime | None = None
 
     def run_once(self) -> int:
-        rows = self.broker.reclaim(self.max_lost, chord_ready=self.chord_ready)
+        started = time.monotonic()
+        full = self.gate.full_due(started)
+        rows, cutoff = self.broker.reclaim_from(
+            None if full else self._floor, self.max_lost, self.BATCH, chord_ready=self.chord_ready
+        )
+        if full:
+            self.gate.full_done(time.monotonic() - started, time.monotonic())
+        if len(rows) < self.BATCH:
+            self._floor = cutoff - self.FLOOR_MARGIN
         if rows:
             self.metrics.reclaimed(len(rows), sum(r["status"] == "DEAD" for r in rows))
         for row in rows:
@@ -54,10 +78,23 @@ class Reclaimer:
 
 
 class Pruner:
+    """Retention, batch by batch.
+
+    While a long transaction elsewhere holds vacuum back, the entries of every row deleted since
+    stay in the retention indexes, and a pass that reads them from the oldest entry visits them
+    all again. Once a full pass's first statement is slow (see ``Gate``), passes start where the
+    last one that caught up ended, less ``FLOOR_MARGIN`` (a row committed later than that behind
+    its own timestamp is taken by the next full pass).
+    """
+
+    FLOOR_MARGIN = timedelta(seconds=2)
+
     def __init__(self, broker: Broker, task_age: float, result_age: float) -> None:
         self.broker = broker
         self.task_age = task_age
         self.result_age = result_age
+        self.gate = Gate(slow=0.1, min_full_every=10.0)
+        self._floors: tuple[datetime | None, datetime | None] = (None, None)
 
     #: Rows of each kind one statement deletes: small, so that each statement holds a core only
     #: for milliseconds and a busy queue's claims and completions never wait behind it.
@@ -68,12 +105,25 @@ class Pruner:
 
     def run_once(self) -> tuple[int, int]:
         """Delete what is past retention, batch after batch while batches come back full."""
+        started = time.monotonic()
+        full = self.gate.full_due(started)
         tasks = results = 0
-        for _ in range(self.MAX_BATCHES):
-            t, r = self.broker.prune(self.task_age, self.result_age, self.BATCH)
-            tasks += t
-            results += r
-            if t < self.BATCH and r < self.BATCH:
+        for i in range(self.MAX_BATCHES):
+            floors = (None, None) if full else self._floors
+            p = self.broker.prune(self.task_age, self.result_age, self.BATCH, floors)
+            if full and i == 0:
+                self.gate.full_done(time.monotonic() - started, time.monotonic())
+            tasks += p.tasks
+            results += p.results
+            # A kind whose batch came back short is done up to its cutoff: the next pass can
+            # start there.
+            task_floor, result_floor = floors
+            if p.tasks < self.BATCH:
+                task_floor = p.task_cutoff - self.FLOOR_MARGIN
+            if p.results < self.BATCH:
+                result_floor = p.result_cutoff - self.FLOOR_MARGIN
+            self._floors = (task_floor, result_floor)
+            if p.tasks < self.BATCH and p.results < self.BATCH:
                 break
         if tasks or results:
             log.debug("maintenance.pruned", tasks=tasks, results=results)

@@ -66,6 +66,60 @@ RETURNING t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries
           (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
           t.created_at, t.requeued_attempt
 
+-- name: claim_batch_from_floors
+-- claim_batch for a worker whose full claims have become slow (see pgtasks.worker.floors): the
+-- known (queue, priority) bands are read from their floors on, the priority ranges between them
+-- in full. Same locking, update and RETURNING columns as claim_batch.
+WITH due AS (
+    SELECT c.id, c.priority, c.run_at, c.created_at
+      FROM unnest(%(band_queues)s::text[], %(band_priorities)s::int[],
+                  %(band_floors)s::timestamptz[]) AS b(queue, priority, floor)
+     CROSS JOIN LATERAL (
+            -- Equal queue and priority: the floor bounds the index search itself, so entries
+            -- behind it are never visited.
+            SELECT id, priority, run_at, created_at
+              FROM {schema}.tasks
+             WHERE status = 'PENDING'
+               AND queue = b.queue
+               AND priority = b.priority
+               AND run_at >= b.floor
+               AND run_at <= now()
+             ORDER BY run_at, created_at
+             LIMIT %(limit)s
+               FOR UPDATE SKIP LOCKED
+           ) AS c
+    UNION ALL
+    SELECT c.id, c.priority, c.run_at, c.created_at
+      FROM unnest(%(gap_queues)s::text[], %(gap_lows)s::int[], %(gap_highs)s::int[])
+           AS g(queue, low, high)
+     CROSS JOIN LATERAL (
+            SELECT id, priority, run_at, created_at
+              FROM {schema}.tasks
+             WHERE status = 'PENDING'
+               AND queue = g.queue
+               AND priority BETWEEN g.low AND g.high
+               AND run_at <= now()
+             ORDER BY priority DESC, run_at, created_at
+             LIMIT %(limit)s
+               FOR UPDATE SKIP LOCKED
+           ) AS c
+     ORDER BY priority DESC, run_at, created_at
+     LIMIT %(limit)s
+)
+UPDATE {schema}.tasks AS t
+   SET status = 'RUNNING',
+       claimed_by = %(worker)s,
+       attempt = t.attempt + 1,
+       lease_until = now() + make_interval(secs => %(lease)s::float8),
+       updated_at = now()
+  FROM due
+ WHERE t.id = due.id
+RETURNING t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
+          t.content_type, t.content_encoding, t.payload::text AS payload, t.payload_raw,
+          t.headers, t.run_at, t.expires_at,
+          (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
+          t.created_at, t.requeued_attempt
+
 -- name: renew_leases
 -- Extend the lease of every task this worker still owns; a row missing from the result was lost.
 -- cancel_requested tells the worker that a running task was revoked.
@@ -305,11 +359,13 @@ SELECT s.id, s.slot, s.slot > now() AS deferred FROM slots AS s
 -- Take back rows whose lease ran out (their worker died or lost the database): PENDING again,
 -- or DEAD with reason "worker lost" once the task has lost %(max_lost)s workers (since its last
 -- requeue from the dead letters, if any). Returns the previous owner for the log, and the chord
--- a finished row belongs to (for its counter).
+-- a finished row belongs to (for its counter). Leases that ran out before %(floor)s (NULL: no
+-- floor) are left to a later call without one.
 WITH expired AS (
     SELECT id, claimed_by, attempt, lease_until
       FROM {schema}.tasks
      WHERE status = 'RUNNING' AND lease_until < now()
+       AND lease_until >= COALESCE(%(floor)s::timestamptz, '-infinity')
      ORDER BY lease_until
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
@@ -332,6 +388,10 @@ WITH expired AS (
     ON CONFLICT DO NOTHING
 )
 SELECT id, name, queue, status, attempt, retries, previous_owner, chord FROM done
+
+-- name: transaction_time
+-- The current transaction's start on the database clock (what now() reads in its statements).
+SELECT now() AS now
 
 -- name: revoke
 -- Cancel a task: PENDING becomes CANCELLED at once; RUNNING gets cancel_requested, which blocks a
@@ -395,7 +455,8 @@ DELETE FROM {schema}.tasks
 -- name: prune_finished
 -- Retention: remove finished rows (with their attempt history) and old results past their age,
 -- and week-old tick rows; at most %(limit)s of each per call (the pruner calls again while a
--- call comes back full).
+-- call comes back full). Rows older than the floors (NULL: none) are left to a later call
+-- without floors; the cutoffs come back to serve as the next floors.
 WITH tasks_gone AS (
     -- SKIP LOCKED: the pruners of several workers take disjoint rows instead of queueing
     -- behind each other's deletes.
@@ -406,6 +467,7 @@ WITH tasks_gone AS (
      WHERE ctid = ANY(ARRAY(SELECT ctid FROM {schema}.tasks
                              WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED')
                                AND updated_at < now() - make_interval(secs => %(task_age)s::float8)
+                               AND updated_at >= COALESCE(%(task_floor)s::timestamptz, '-infinity')
                              LIMIT %(limit)s
                                FOR UPDATE SKIP LOCKED))
     RETURNING id
@@ -422,11 +484,14 @@ WITH tasks_gone AS (
     DELETE FROM {schema}.results
      WHERE ctid = ANY(ARRAY(SELECT ctid FROM {schema}.results
                              WHERE date_done < now() - make_interval(secs => %(result_age)s::float8)
+                               AND date_done >= COALESCE(%(result_floor)s::timestamptz, '-infinity')
                              LIMIT %(limit)s
                                FOR UPDATE SKIP LOCKED))
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM tasks_gone) AS tasks, (SELECT count(*) FROM results_gone) AS results
+SELECT (SELECT count(*) FROM tasks_gone) AS tasks, (SELECT count(*) FROM results_gone) AS results,
+       now() - make_interval(secs => %(task_age)s::float8) AS task_cutoff,
+       now() - make_interval(secs => %(result_age)s::float8) AS result_cutoff
 
 -- name: count_by_status
 -- Row counts by queue and status, for status commands and tests.

@@ -35,6 +35,7 @@ from pgtasks.states import Status
 from pgtasks.worker import execute as ex
 from pgtasks.worker import task_signals, timelimits
 from pgtasks.worker.completer import Completer, Final
+from pgtasks.worker.floors import Floors
 from pgtasks.worker.lease import LeaseKeeper
 from pgtasks.worker.listener import Listener
 from pgtasks.worker.pools import create as create_pool
@@ -120,6 +121,7 @@ class Worker:
         self._inflight: dict[str, InFlight] = {}
         self._backpressure = False
         self._claim_conn: psycopg.Connection[Any] | None = None
+        self._floors = Floors()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -276,19 +278,41 @@ class Worker:
         """Claim up to ``want`` rows, on the worker's claim connection where there is one
         (see Broker.claim_connection)."""
         broker = self.app.broker
-        if not broker.async_claims:
-            return broker.claim(self.id, self.queues, want, self.lease)
-        conn = self._claim_conn
-        if conn is None or conn.closed:
-            conn = self._claim_conn = broker.claim_connection()
+        conn = None
+        if broker.async_claims:
+            conn = self._claim_conn
+            if conn is None or conn.closed:
+                conn = self._claim_conn = broker.claim_connection()
+        floors = self._floors
+        plan = floors.plan(self.queues, time.monotonic())
+        started = time.perf_counter()
         try:
-            return broker.claim(self.id, self.queues, want, self.lease, conn)
+            claimed = broker.claim(self.id, self.queues, want, self.lease, conn, plan)
         except psycopg.OperationalError:
+            if conn is None:
+                raise
             # Broken: the next claim opens a new one (the loop backs off meanwhile).
             with contextlib.suppress(psycopg.Error):
                 conn.close()
             self._claim_conn = None
             raise
+        elapsed = time.perf_counter() - started
+        was_active = floors.active
+        floors.record(plan, claimed, elapsed, time.monotonic())
+        if floors.active != was_active:
+            claim_ms = round(elapsed * 1000, 1)
+            if floors.active:
+                self.log.info(
+                    "worker.claim_floors",
+                    state="on",
+                    claim_ms=claim_ms,
+                    hint="full claims are slow, as when a long transaction holds back vacuum: "
+                    "claims start where this worker's last ones ended, with a full claim now "
+                    "and then (see docs/operating.md)",
+                )
+            else:
+                self.log.info("worker.claim_floors", state="off", claim_ms=claim_ms)
+        return claimed
 
     def _take_rate_slots(self, claimed: list[ClaimedTask]) -> list[ClaimedTask]:
         """The claimed rows that may start now: rate-limited ones get their start times in one

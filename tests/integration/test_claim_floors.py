@@ -1,0 +1,237 @@
+"""Claims, reclaims and retention from floors: what they skip, what they still find, and that
+the index search really starts at the floor while an old snapshot keeps dead entries around."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pgtasks import Celery
+from pgtasks.maintenance import Pruner, Reclaimer
+from pgtasks.sql import queries
+from pgtasks.worker.floors import PRIORITY_MAX, PRIORITY_MIN, Floors, Gate
+from tests.apps.harness import one, wait_until
+
+WORKER = "floors-test@host"
+
+
+def always_floors() -> Floors:
+    """Floors that turn on after any full claim, with no full claim for a minute."""
+    return Floors(gate=Gate(slow=0.0, min_full_every=60.0))
+
+
+def claim(app: Celery, floors: Floors, limit: int) -> list[Any]:
+    plan = floors.plan(["celery"], time.monotonic())
+    rows = app.broker.claim(WORKER, ["celery"], limit, 30.0, floors=plan)
+    floors.record(plan, rows, 0.0, time.monotonic())
+    return rows
+
+
+def enqueue(db: psycopg.Connection[Any], priorities: list[int], ago: float = 0.0) -> None:
+    """PENDING rows due ``ago`` seconds ago (each a microsecond apart, in list order)."""
+    db.execute(
+        "INSERT INTO tasks (id, name, priority, run_at, created_at, payload)"
+        " SELECT gen_random_uuid()::text, 'floors.noop', p,"
+        "        now() - make_interval(secs => %s) + i * interval '1 microsecond',"
+        "        now() + i * interval '1 microsecond', '[[], {}, {}]'"
+        "   FROM unnest(%s::int[]) WITH ORDINALITY AS t(p, i)",
+        (ago, priorities),
+    )
+
+
+def due_in_claim_order(db: psycopg.Connection[Any]) -> list[str]:
+    return [
+        r[0]
+        for r in db.execute(
+            "SELECT id FROM tasks WHERE status = 'PENDING' AND run_at <= now()"
+            " ORDER BY priority DESC, run_at, created_at"
+        )
+    ]
+
+
+def test_a_plan_covers_every_priority_once() -> None:
+    floors = Floors(gate=Gate(slow=0.01, min_full_every=60.0))
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+
+    class Row:
+        def __init__(self, queue: str, priority: int) -> None:
+            self.queue, self.priority, self.run_at = queue, priority, at
+
+    floors.record(None, [Row("a", 5), Row("a", 0), Row("b", PRIORITY_MAX)], 1.0, 0.0)
+    plan = floors.plan(["a", "b", "c"], 1.0)
+    assert plan is not None
+    assert list(zip(plan.band_queues, plan.band_priorities, strict=True)) == [
+        ("a", 5),
+        ("a", 0),
+        ("b", PRIORITY_MAX),
+    ]
+    assert list(zip(plan.gap_queues, plan.gap_lows, plan.gap_highs, strict=True)) == [
+        ("a", 6, PRIORITY_MAX),
+        ("a", 1, 4),
+        ("a", PRIORITY_MIN, -1),
+        ("b", PRIORITY_MIN, PRIORITY_MAX - 1),
+        ("c", PRIORITY_MIN, PRIORITY_MAX),
+    ]
+    # A full claim now and then; a fast one turns floors off.
+    assert floors.plan(["a"], 61.0) is None
+    floors.record(None, [], 0.001, 61.0)
+    assert floors.plan(["a"], 62.0) is None
+    assert not floors.active
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    first=st.lists(st.sampled_from([0, 5, 9]), min_size=1, max_size=40),
+    taken=st.integers(min_value=1, max_value=40),
+    later=st.lists(
+        st.sampled_from([PRIORITY_MIN, -3, 0, 2, 5, 7, 9, 12, PRIORITY_MAX]), max_size=40
+    ),
+    limit=st.integers(min_value=1, max_value=60),
+)
+def test_claims_from_floors_take_what_a_full_claim_would(
+    app: Celery,
+    db: psycopg.Connection[Any],
+    first: list[int],
+    taken: int,
+    later: list[int],
+    limit: int,
+) -> None:
+    db.execute("DELETE FROM tasks")
+    floors = always_floors()
+    enqueue(db, first, ago=5.0)
+    claim(app, floors, taken)
+    assert floors.active
+    # Rows sent after the floors were set, at known priorities and new ones above, between and
+    # below them: a claim takes the first ones in claim order, as a full claim would.
+    enqueue(db, later)
+    expected = due_in_claim_order(db)[:limit]
+    assert sorted(r.id for r in claim(app, floors, limit)) == sorted(expected)
+
+
+def test_a_row_behind_its_floor_waits_for_the_next_full_claim(
+    app: Celery, db: psycopg.Connection[Any]
+) -> None:
+    floors = always_floors()
+    enqueue(db, [0, 0, 0], ago=1.0)
+    assert len(claim(app, floors, 3)) == 3
+    enqueue(db, [0], ago=3600.0)  # an eta an hour ago
+    [late] = due_in_claim_order(db)
+    assert claim(app, floors, 10) == []
+    floors.gate.next_full = 0.0
+    assert [r.id for r in claim(app, floors, 10)] == [late]
+
+
+@contextmanager
+def held_snapshot(pg_dsn: str) -> Iterator[None]:
+    """A transaction elsewhere whose snapshot keeps every row version from now on."""
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        conn.execute("SELECT txid_current()")
+        try:
+            yield
+        finally:
+            conn.rollback()
+
+
+def index_reads(db: psycopg.Connection[Any], schema: str, name: str, params: dict[str, Any]) -> int:
+    """Entries of the claim index one run of the named query reads (rolled back)."""
+
+    def total() -> int:
+        found = one(
+            db,
+            "SELECT idx_tup_read AS n FROM pg_stat_user_indexes"
+            " WHERE schemaname = %s AND indexrelname = 'tasks_claim_idx'",
+            (schema,),
+        )
+        return int(found["n"])
+
+    query = queries(schema)[name]
+    before = total()
+    with db.transaction(force_rollback=True):
+        db.execute("SELECT pg_stat_force_next_flush()")
+        db.execute(query, params)
+    return total() - before
+
+
+def test_claims_from_floors_skip_the_entries_an_old_snapshot_keeps(
+    app: Celery, db: psycopg.Connection[Any], pg_dsn: str, schema: str
+) -> None:
+    floors = always_floors()
+    with held_snapshot(pg_dsn):
+        enqueue(db, [0] * 3000, ago=10.0)
+        while claim(app, floors, 200):
+            pass
+        enqueue(db, [0] * 5)
+        common = {"worker": WORKER, "limit": 5, "lease": 30.0}
+        full = index_reads(db, schema, "claim_batch", {**common, "queues": ["celery"]})
+        plan = floors.plan(["celery"], time.monotonic())
+        assert plan is not None
+        floored = index_reads(db, schema, "claim_batch_from_floors", {**common, **plan.params()})
+    # The full claim reads the entry of every row claimed since the snapshot; the one from
+    # floors starts at the last of them.
+    assert full >= 3000, full
+    assert floored <= 10, floored
+
+
+def test_reclaim_from_a_floor_finds_new_expiries_and_a_full_one_the_rest(
+    app: Celery, db: psycopg.Connection[Any]
+) -> None:
+    enqueue(db, [0, 0])
+    a, b = (r.id for r in app.broker.claim(WORKER, ["celery"], 2, 30.0))
+    reclaimer = Reclaimer(app.broker, 3)
+    reclaimer.gate = Gate(slow=0.0, min_full_every=60.0)
+    assert reclaimer.run_once() == 0  # full: sets the floor
+    db.execute("UPDATE tasks SET lease_until = now() - interval '1 hour' WHERE id = %s", (a,))
+    db.execute("UPDATE tasks SET lease_until = now() WHERE id = %s", (b,))
+    assert reclaimer.run_once() == 1
+    assert one(db, "SELECT status FROM tasks WHERE id = %s", (b,))["status"] == "PENDING"
+    assert one(db, "SELECT status FROM tasks WHERE id = %s", (a,))["status"] == "RUNNING"
+    reclaimer.gate.next_full = 0.0
+    assert reclaimer.run_once() == 1
+    assert one(db, "SELECT status FROM tasks WHERE id = %s", (a,))["status"] == "PENDING"
+
+
+def test_prune_from_floors_takes_new_rows_and_a_full_pass_the_rest(
+    app: Celery, db: psycopg.Connection[Any]
+) -> None:
+    pruner = Pruner(app.broker, task_age=60.0, result_age=60.0)
+    pruner.gate = Gate(slow=0.0, min_full_every=60.0)
+    assert pruner.run_once() == (0, 0)  # full: sets the floors
+    old, new = str(uuid.uuid4()), str(uuid.uuid4())
+    for task_id, age in ((old, "1 day"), (new, "61 seconds")):
+        db.execute(
+            "INSERT INTO tasks (id, name, status, updated_at, payload)"
+            " VALUES (%s, 'floors.noop', 'COMPLETED', now() - %s::interval, '[[], {}, {}]')",
+            (task_id, age),
+        )
+    assert pruner.run_once() == (1, 0)
+    assert one(db, "SELECT count(*) AS n FROM tasks WHERE id = %s", (new,))["n"] == 0
+    pruner.gate.next_full = 0.0
+    assert pruner.run_once() == (1, 0)
+    assert one(db, "SELECT count(*) AS n FROM tasks")["n"] == 0
+
+
+def test_a_worker_on_floors_runs_every_task(app: Celery, worker_factory: Any) -> None:
+    @app.task
+    def mark(i: int) -> int:
+        return i
+
+    with worker_factory(concurrency=2) as w:
+        # Floors from the next claim on, and a full claim at least every 0.3 s.
+        w._floors.gate = Gate(slow=0.0, min_full_every=0.3, cost_factor=0.0)
+        results = [mark.apply_async((i,), priority=i % 3) for i in range(60)]
+        results.append(mark.apply_async((99,), eta=datetime.now(UTC) - timedelta(hours=1)))
+        wait_until(lambda: w._floors.active, timeout=10, what="claims from floors")
+        assert [r.get(timeout=15) for r in results] == [*range(60), 99]
