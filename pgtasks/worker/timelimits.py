@@ -19,6 +19,7 @@ option, then the worker's ``--time-limit``/``--soft-time-limit`` or the ``task_t
 from __future__ import annotations
 
 import ctypes
+import math
 import signal
 import threading
 import time
@@ -40,13 +41,15 @@ HEADER = "timelimit"
 
 
 def _positive(value: Any) -> float | None:
+    """Seconds from a limit as written anywhere (headers may hold any JSON); None when that is
+    no usable limit: not a number, not positive, or infinite (a timer cannot be set for it)."""
     if value is None or isinstance(value, bool):
         return None
     try:
         seconds = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
-    return seconds if seconds > 0 else None
+    return seconds if 0 < seconds < math.inf else None
 
 
 def resolve(

@@ -261,7 +261,7 @@ class Worker:
                 self.metrics.loop_error("claim")
                 self._stopping.wait(1.0)
                 continue
-            for row in self._take_rate_slots(claimed):
+            for row in self._take_rate_slots(self._well_formed(claimed)):
                 job = self._accept(row)
                 if job is not None:
                     self._buffer.append(job)
@@ -313,6 +313,41 @@ class Worker:
             else:
                 self.log.info("worker.claim_floors", state="off", claim_ms=claim_ms)
         return claimed
+
+    def _well_formed(self, claimed: list[ClaimedTask]) -> list[ClaimedTask]:
+        """The claimed rows whose headers are a JSON object. Every later step reads them as a
+        mapping, so any other row (headers edited by hand into an array, a scalar or null) is
+        dead-lettered here, its payload kept for a requeue once the headers are mended."""
+        if all(isinstance(row.headers, dict) for row in claimed):
+            return claimed
+        kept: list[ClaimedTask] = []
+        for row in claimed:
+            if isinstance(row.headers, dict):
+                kept.append(row)
+                continue
+            with self._lock:
+                self._inflight[row.id] = InFlight(row)
+            found = _JSON_TYPES.get(type(row.headers), type(row.headers).__name__)
+            error = f"cannot decode headers: a JSON object is required, not {found}"
+            TaskLog(self.log, row).error(
+                "task.dead_lettered", reason="malformed headers", error=error
+            )
+            self.metrics.dead_lettered(row.name, row.queue, "malformed headers")
+            # No chord follow-ups: a chord id is one of the headers that cannot be read.
+            self._settle(
+                Failure(
+                    row.id,
+                    row.attempt,
+                    Status.DEAD,
+                    error,
+                    None,
+                    False,
+                    "application/json",
+                    None,
+                    None,
+                )
+            )
+        return kept
 
     def _take_rate_slots(self, claimed: list[ClaimedTask]) -> list[ClaimedTask]:
         """The claimed rows that may start now: rate-limited ones get their start times in one
@@ -833,6 +868,16 @@ class TaskLog:
     def error(self, event: str, **kw: Any) -> None:
         self._logger().error(event, **kw)
 
+
+#: JSON's name for what a jsonb value loads as, for error messages.
+_JSON_TYPES = {
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    type(None): "null",
+}
 
 #: Metric outcome of each run kind (LOST rows are counted as retried or dead-lettered).
 _OUTCOMES = {

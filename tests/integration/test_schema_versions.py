@@ -1,0 +1,153 @@
+"""A schema older or newer than the code.
+
+``tests/acceptance/test_cli`` covers a schema with no tables at all (the CLI worker refuses and
+``--migrate`` fixes it) and ``test_bad_input`` enqueueing into one. Here every partial schema —
+each prefix of ``pgtasks/migrations`` — is tried, exhaustively rather than by sampling since
+there are only as many as there are migrations, and so are versions newer than the code knows:
+a worker refuses to start with an error naming both versions and what to run; a producer either
+refuses with one saying to migrate or writes a row that runs once the schema is migrated.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgtasks import Celery
+from pgtasks import migrate as migrations
+from pgtasks.broker import notify_channel
+from pgtasks.contrib import testing
+from pgtasks.exceptions import ImproperlyConfigured, SchemaOutOfDate
+from pgtasks.worker import Worker
+
+LATEST = migrations.latest()
+VERSIONS = [m.version for m in migrations.available()]
+
+
+def migrate_to(dsn: str, schema: str, version: int) -> None:
+    """Apply the shipped migrations up to ``version`` only, as an older pgtasks would have."""
+    ident = sql.Identifier(schema)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(ident))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {}.migrations (version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            ).format(ident)
+        )
+        for m in migrations.available():
+            if m.version > version:
+                break
+            with conn.transaction():
+                conn.execute(
+                    sql.SQL(m.text).format(
+                        schema=ident, channel=sql.Literal(notify_channel(schema))
+                    )
+                )
+                conn.execute(
+                    sql.SQL("INSERT INTO {}.migrations (version, name) VALUES (%s, %s)").format(
+                        ident
+                    ),
+                    (m.version, m.name),
+                )
+
+
+def record_version(dsn: str, schema: str, version: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {}.migrations (version, name) VALUES (%s, 'from_the_future')"
+            ).format(sql.Identifier(schema)),
+            (version,),
+        )
+
+
+@pytest.fixture
+def bare_schema(pg_dsn: str) -> Iterator[str]:
+    """A schema name for the test to build itself, dropped afterwards."""
+    name = f"v_{uuid.uuid4().hex[:12]}"
+    try:
+        yield name
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def old_app(pg_dsn: str, bare_schema: str) -> Iterator[Celery]:
+    application = Celery(
+        "versions", broker=pg_dsn, schema_name=bare_schema, lease_seconds=2.0, poll_interval=0.05
+    )
+
+    @application.task(name="versions.add")
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    try:
+        yield application
+    finally:
+        application.close()
+
+
+def refused_start(app: Celery) -> SchemaOutOfDate:
+    with pytest.raises(SchemaOutOfDate) as refused:
+        Worker(app, pool="threads").run()
+    return refused.value
+
+
+@pytest.mark.parametrize("version", [0, *VERSIONS[:-1]])
+def test_worker_refuses_a_partly_migrated_schema_until_it_is_migrated(
+    pg_dsn: str, bare_schema: str, old_app: Celery, version: int
+) -> None:
+    migrate_to(pg_dsn, bare_schema, version)
+    message = str(refused_start(old_app))
+    assert "run `pgtasks migrate` (or start the worker with --migrate)" in message
+    if version:
+        assert f"is at version {version} but this pgtasks needs {LATEST}" in message
+    else:
+        assert "has no pgtasks tables" in message
+
+    add = old_app.tasks["versions.add"]
+    try:
+        sent = [add.delay(1, 2), *add.apply_many([((3, 4), {}), ((5, 6), {})])]
+    except ImproperlyConfigured as exc:
+        assert "run `pgtasks migrate`" in str(exc)
+        assert version < VERSIONS[0], "a schema with the task table refused a task"
+        sent = []
+
+    applied = migrations.migrate(pg_dsn, bare_schema)
+    assert [m.version for m in applied] == [v for v in VERSIONS if v > version]
+    with testing.start_worker(old_app):
+        assert [r.get(timeout=10) for r in sent] == [3, 7, 11][: len(sent)]
+
+
+@pytest.mark.parametrize("ahead", [1, 2, 1000])
+def test_worker_and_migrate_refuse_a_schema_newer_than_the_code(
+    pg_dsn: str, bare_schema: str, old_app: Celery, ahead: int
+) -> None:
+    migrate_to(pg_dsn, bare_schema, LATEST)
+    record_version(pg_dsn, bare_schema, LATEST + ahead)
+    newer = LATEST + ahead
+
+    message = str(refused_start(old_app))
+    assert f"is at version {newer}, newer than this pgtasks ({LATEST})" in message
+    assert "upgrade pgtasks" in message
+
+    with pytest.raises(SchemaOutOfDate, match=rf"version {newer}, newer than this pgtasks"):
+        migrations.migrate(pg_dsn, bare_schema)
+    with psycopg.connect(pg_dsn) as conn:
+        assert migrations.applied(conn, bare_schema) == newer, "migrate changed nothing"
+
+
+def test_worker_with_migrate_brings_a_partial_schema_up_to_date(
+    pg_dsn: str, bare_schema: str, old_app: Celery
+) -> None:
+    migrate_to(pg_dsn, bare_schema, VERSIONS[0])
+    with testing.start_worker(old_app, migrate=True):
+        assert old_app.tasks["versions.add"].delay(2, 2).get(timeout=10) == 4
+    with psycopg.connect(pg_dsn) as conn:
+        assert migrations.applied(conn, bare_schema) == LATEST
