@@ -16,12 +16,15 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 import psycopg
 from psycopg import errors, pq, sql
+from psycopg.abc import Buffer
+from psycopg.adapt import AdaptersMap
 from psycopg.rows import args_row, dict_row, tuple_row
+from psycopg.types.datetime import TimestamptzBinaryLoader, TimestamptzLoader
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
@@ -34,6 +37,37 @@ if TYPE_CHECKING:
 
 Row = dict[str, Any]
 _T = TypeVar("_T")
+
+_FOREVER = datetime.max.replace(tzinfo=timezone.utc)
+_NEVER_BEFORE = datetime.min.replace(tzinfo=timezone.utc)
+
+
+class _TimestamptzLoader(TimestamptzLoader):
+    """timestamptz with PostgreSQL's 'infinity' and '-infinity' (a row can hold them, set by
+    hand) read as the latest and earliest datetimes instead of failing the statement's read."""
+
+    def load(self, data: Buffer) -> datetime:
+        if data == b"infinity":
+            return _FOREVER
+        if data == b"-infinity":
+            return _NEVER_BEFORE
+        return super().load(data)
+
+
+class _TimestamptzBinaryLoader(TimestamptzBinaryLoader):
+    def load(self, data: Buffer) -> datetime:
+        if data == b"\x7f\xff\xff\xff\xff\xff\xff\xff":
+            return _FOREVER
+        if data == b"\x80\x00\x00\x00\x00\x00\x00\x00":
+            return _NEVER_BEFORE
+        return super().load(data)
+
+
+#: The adapters of pgtasks' connections: psycopg's, with the timestamptz loaders above (kept
+#: off psycopg's global map, which belongs to the application).
+_ADAPTERS = AdaptersMap(psycopg.adapters)
+_ADAPTERS.register_loader("timestamptz", _TimestamptzLoader)
+_ADAPTERS.register_loader("timestamptz", _TimestamptzBinaryLoader)
 
 # Headers as COPY sends them: compact json, like the json document of ``insert_tasks``.
 _HEADERS_ENCODER = json.JSONEncoder(separators=(",", ":"))
@@ -155,6 +189,7 @@ class Broker:
             "autocommit": True,
             "prepare_threshold": self.prepare_threshold,
             "connect_timeout": max(1, int(self.connect_timeout)),
+            "context": _ADAPTERS,
         }
         if self.source:
             settings = (f"pgtasks.source={self.source}", *settings)
@@ -197,7 +232,7 @@ class Broker:
 
     def connect(self, autocommit: bool = True) -> psycopg.Connection[Any]:
         """A dedicated connection outside the pool (LISTEN, migrations, admin commands)."""
-        return psycopg.connect(self.dsn, autocommit=autocommit)
+        return psycopg.connect(self.dsn, autocommit=autocommit, context=_ADAPTERS)
 
     @property
     def async_claims(self) -> bool:

@@ -55,7 +55,8 @@ WITH due AS (
 UPDATE {schema}.tasks AS t
    SET status = 'RUNNING',
        claimed_by = %(worker)s,
-       attempt = t.attempt + 1,
+       -- A row edited by hand to the integer's top must not fail every claim of its queue.
+       attempt = LEAST(t.attempt, 2147483646) + 1,
        lease_until = now() + make_interval(secs => %(lease)s::float8),
        updated_at = now()
   FROM due
@@ -109,7 +110,8 @@ WITH due AS (
 UPDATE {schema}.tasks AS t
    SET status = 'RUNNING',
        claimed_by = %(worker)s,
-       attempt = t.attempt + 1,
+       -- A row edited by hand to the integer's top must not fail every claim of its queue.
+       attempt = LEAST(t.attempt, 2147483646) + 1,
        lease_until = now() + make_interval(secs => %(lease)s::float8),
        updated_at = now()
   FROM due

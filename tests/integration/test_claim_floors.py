@@ -7,7 +7,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -59,7 +59,7 @@ def due_in_claim_order(db: psycopg.Connection[Any]) -> list[str]:
 
 def test_a_plan_covers_every_priority_once() -> None:
     floors = Floors(gate=Gate(slow=0.01, min_full_every=60.0))
-    at = datetime(2026, 1, 1, tzinfo=UTC)
+    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
     class Row:
         def __init__(self, queue: str, priority: int) -> None:
@@ -232,6 +232,6 @@ def test_a_worker_on_floors_runs_every_task(app: Celery, worker_factory: Any) ->
         # Floors from the next claim on, and a full claim at least every 0.3 s.
         w._floors.gate = Gate(slow=0.0, min_full_every=0.3, cost_factor=0.0)
         results = [mark.apply_async((i,), priority=i % 3) for i in range(60)]
-        results.append(mark.apply_async((99,), eta=datetime.now(UTC) - timedelta(hours=1)))
+        results.append(mark.apply_async((99,), eta=datetime.now(timezone.utc) - timedelta(hours=1)))
         wait_until(lambda: w._floors.active, timeout=10, what="claims from floors")
         assert [r.get(timeout=15) for r in results] == [*range(60), 99]
