@@ -485,6 +485,11 @@ class Broker:
         claimed: list[Any] = self._all(name, params, conn, row_factory=args_row(ClaimedTask))
         return claimed
 
+    def behind_floors(self, floors: FloorPlan) -> bool:
+        """Whether a due PENDING row lies behind one of ``floors``' bands (a read, no locks)."""
+        row = self._one("rows_behind_floors", floors.params())
+        return bool(row and row["behind"])
+
     def renew(self, worker: str, owned: Sequence[tuple[str, int]], lease: float) -> dict[str, bool]:
         """Extend the leases of ``owned`` (id, attempt) pairs; returns id -> cancel_requested for
         the rows still owned. A pair missing from the answer was lost."""

@@ -140,11 +140,19 @@ class Maintenance(threading.Thread):
 
     PRUNE_EVERY = 1.0
 
-    def __init__(self, reclaimer: Reclaimer, pruner: Pruner, interval: float) -> None:
+    def __init__(
+        self,
+        reclaimer: Reclaimer,
+        pruner: Pruner,
+        interval: float,
+        probe: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(name="pgtasks-maintenance", daemon=True)
         self.reclaimer = reclaimer
         self.pruner = pruner
         self.interval = interval
+        #: Called after each reclaim or prune (the worker's look behind its claim floors).
+        self.probe = probe
         self.stopped = threading.Event()
 
     def stop(self) -> None:
@@ -162,6 +170,8 @@ class Maintenance(threading.Thread):
                 if now >= next_prune:
                     next_prune = now + self.PRUNE_EVERY
                     self.pruner.run_once()
+                if self.probe is not None:
+                    self.probe()
             except psycopg.OperationalError as exc:
                 log.warning("worker.db_unavailable", during="maintenance", error=str(exc).strip())
             except Exception:

@@ -122,6 +122,25 @@ RETURNING t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries
           (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
           t.created_at, t.requeued_attempt
 
+-- name: rows_behind_floors
+-- Whether a due PENDING row of a known (queue, priority) band lies behind its floor, where only a
+-- full claim finds it (see pgtasks.worker.floors). A read: it takes no locks.
+SELECT EXISTS (
+    SELECT 1
+      FROM unnest(%(band_queues)s::text[], %(band_priorities)s::int[],
+                  %(band_floors)s::timestamptz[]) AS b(queue, priority, floor)
+     CROSS JOIN LATERAL (
+            SELECT 1
+              FROM {schema}.tasks
+             WHERE status = 'PENDING'
+               AND queue = b.queue
+               AND priority = b.priority
+               AND run_at < b.floor
+               AND run_at <= now()
+             LIMIT 1
+           ) AS behind
+) AS behind
+
 -- name: renew_leases
 -- Extend the lease of every task this worker still owns; a row missing from the result was lost.
 -- cancel_requested tells the worker that a running task was revoked.

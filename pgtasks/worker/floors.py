@@ -9,17 +9,19 @@ walks past all of them, with a visit to the table for each. Claims slow down in 
 the work done since the snapshot was taken, until the queue stalls.
 
 So when a full claim gets slow, the worker starts its claims from *floors*: for each queue and
-priority it has claimed from, the ``run_at`` of the latest row it claimed there. The index
-search itself starts at the floor, so the entries behind it cost nothing. The priority ranges
-around the known ones are still read in full (a new priority is found at once, and no claim of
-this worker left entries there).
+priority it has claimed from, the ``run_at`` of the latest row it claimed there, less a margin
+for enqueues that commit a little after their rows were stamped. The index search itself starts
+at the floor, so the entries behind it cost nothing. The priority ranges around the known ones
+are still read in full (a new priority is found at once, and no claim of this worker left
+entries there).
 
-A row can become due behind a floor: an enqueue committed long after its transaction began
-(``run_at`` is the transaction's ``now()``), an eta in the past, a reclaimed or released row, a
-claim by another worker that rolled back. A full claim every ``probe_every`` seconds finds
-them: at least ``min_probe_every``, and at least ``probe_cost_factor`` times what the last full
-claim took, so full claims never take more than a small share of the worker's time. The worker
-goes back to full claims as soon as one is fast again. Floors cost nothing until then.
+A row can still become due behind a floor: an enqueue committed long after its transaction
+began (``run_at`` is the transaction's ``now()``), an eta in the past, a released row, a claim
+by another worker that rolled back. The worker's maintenance thread looks for such rows (a read
+that walks the dead entries, off the claim path) at least every second and at least every 50
+times what the last look took; when it finds one, the next claim is a full one. When a look is
+fast again, vacuum has caught up: floors go off and claims are full again. Until a full claim
+is slow, floors cost nothing.
 
 The reclaimer and the pruner (pgtasks.maintenance) scan the lease and retention indexes the same
 way, with the same ``Gate``.
@@ -27,9 +29,10 @@ way, with the same ``Gate``.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Protocol
 
 #: The range of the ``priority`` column (a 32-bit integer).
@@ -96,24 +99,77 @@ class Gate:
 class Floors:
     """One worker's claim floors, and when it claims in full instead (see the module docs).
 
-    Not thread-safe: only the worker's claim loop uses it.
+    The claim loop calls ``plan`` and ``record``; the maintenance thread calls ``probe_plan``
+    and ``probe_done``.
     """
 
-    #: A full claim slower than this (seconds) turns floors on, with a full claim at least
-    #: every second.
+    #: A full claim slower than this (seconds) turns floors on; the probe for rows behind the
+    #: floors runs at least every second.
     gate: Gate = field(default_factory=lambda: Gate(slow=0.010, min_full_every=1.0))
+    #: Claims start this far behind the latest row claimed in each band: enqueues commit a
+    #: little after the now() their rows were stamped with, and other producers' rows may have
+    #: been claimed meanwhile.
+    margin: timedelta = timedelta(seconds=0.25)
     #: Known bands beyond this many are forgotten (and learnt again from the next claims).
     max_bands: int = 256
     _floors: dict[tuple[str, int], datetime] = field(default_factory=dict)
+    _full_wanted: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def active(self) -> bool:
         return self.gate.active
 
-    def plan(self, queues: Sequence[str], now: float) -> FloorPlan | None:
-        """The floors to claim from, or None for a full claim (``now``: a monotonic time)."""
-        if self.gate.full_due(now):
-            return None
+    def plan(self, queues: Sequence[str]) -> FloorPlan | None:
+        """The floors to claim from, or None for a full claim."""
+        with self._lock:
+            if not self.gate.active or self._full_wanted:
+                self._full_wanted = False
+                return None
+            return self._plan(queues, gaps=True)
+
+    def record(
+        self,
+        plan: FloorPlan | None,
+        claimed: Sequence[_Claimed],
+        elapsed: float,
+        now: float,
+    ) -> None:
+        """Learn from a claim: its rows move the floors on; a full claim's duration decides
+        whether floors are used from now on (``now``: a monotonic time)."""
+        with self._lock:
+            if plan is None:
+                self.gate.full_done(elapsed, now)
+                if not self.gate.active:
+                    self._floors.clear()
+                    return
+            if len(self._floors) > self.max_bands:
+                self._floors.clear()
+            floors = self._floors
+            for row in claimed:
+                key = (row.queue, row.priority)
+                floor = floors.get(key)
+                if floor is None or row.run_at > floor:
+                    floors[key] = row.run_at
+
+    def probe_plan(self, queues: Sequence[str], now: float) -> FloorPlan | None:
+        """The bands to look behind when a probe is due (the gaps stay empty), else None."""
+        with self._lock:
+            if not self.gate.active or now < self.gate.next_full or not self._floors:
+                return None
+            return self._plan(queues, gaps=False)
+
+    def probe_done(self, behind: bool, elapsed: float, now: float) -> None:
+        """The probe took ``elapsed`` seconds and found rows behind the floors or not. A fast
+        probe means vacuum keeps up again: floors off, and the next claim is a full one."""
+        with self._lock:
+            self.gate.full_done(elapsed, now)
+            if not self.gate.active:
+                self._floors.clear()
+            elif behind:
+                self._full_wanted = True
+
+    def _plan(self, queues: Sequence[str], gaps: bool) -> FloorPlan:
         bands: dict[str, list[int]] = {q: [] for q in queues}
         for queue, priority in self._floors:
             if queue in bands:
@@ -124,36 +180,13 @@ class Floors:
             for priority in sorted(priorities, reverse=True):
                 plan.band_queues.append(queue)
                 plan.band_priorities.append(priority)
-                plan.band_floors.append(self._floors[queue, priority])
-                if priority < high:
+                plan.band_floors.append(self._floors[queue, priority] - self.margin)
+                if gaps and priority < high:
                     _gap(plan, queue, priority + 1, high)
                 high = priority - 1
-            if high >= PRIORITY_MIN:
+            if gaps and high >= PRIORITY_MIN:
                 _gap(plan, queue, PRIORITY_MIN, high)
         return plan
-
-    def record(
-        self,
-        plan: FloorPlan | None,
-        claimed: Sequence[_Claimed],
-        elapsed: float,
-        now: float,
-    ) -> None:
-        """Learn from a claim: its rows move the floors on; a full claim's duration decides
-        whether floors are used until the next full claim."""
-        if plan is None:
-            self.gate.full_done(elapsed, now)
-            if not self.gate.active:
-                self._floors.clear()
-                return
-        if len(self._floors) > self.max_bands:
-            self._floors.clear()
-        floors = self._floors
-        for row in claimed:
-            key = (row.queue, row.priority)
-            floor = floors.get(key)
-            if floor is None or row.run_at > floor:
-                floors[key] = row.run_at
 
 
 def _gap(plan: FloorPlan, queue: str, low: int, high: int) -> None:

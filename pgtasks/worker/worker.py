@@ -164,6 +164,7 @@ class Worker:
             reclaimer,
             Pruner(broker, s.finished_task_retention, s.result_expires),
             interval=min(max(self.lease / 3.0, 0.2), 10.0),
+            probe=self._probe_floors,
         )
         threads: list[Any] = [self.completer, self.leases, self.maintenance]
         if self.beat:
@@ -284,7 +285,7 @@ class Worker:
             if conn is None or conn.closed:
                 conn = self._claim_conn = broker.claim_connection()
         floors = self._floors
-        plan = floors.plan(self.queues, time.monotonic())
+        plan = floors.plan(self.queues)
         started = time.perf_counter()
         try:
             claimed = broker.claim(self.id, self.queues, want, self.lease, conn, plan)
@@ -313,6 +314,21 @@ class Worker:
             else:
                 self.log.info("worker.claim_floors", state="off", claim_ms=claim_ms)
         return claimed
+
+    def _probe_floors(self) -> None:
+        """While claims start from floors, look for due rows behind them now and then (see
+        pgtasks.worker.floors); on the maintenance thread, off the claim path."""
+        floors = self._floors
+        plan = floors.probe_plan(self.queues, time.monotonic())
+        if plan is None:
+            return
+        started = time.perf_counter()
+        behind = self.app.broker.behind_floors(plan)
+        elapsed = time.perf_counter() - started
+        floors.probe_done(behind, elapsed, time.monotonic())
+        if not floors.active:
+            self.log.info("worker.claim_floors", state="off", probe_ms=round(elapsed * 1000, 1))
+        self._wake.set()
 
     def _well_formed(self, claimed: list[ClaimedTask]) -> list[ClaimedTask]:
         """The claimed rows whose headers are a JSON object. Every later step reads them as a

@@ -29,21 +29,23 @@ def always_floors() -> Floors:
 
 
 def claim(app: Celery, floors: Floors, limit: int) -> list[Any]:
-    plan = floors.plan(["celery"], time.monotonic())
+    plan = floors.plan(["celery"])
     rows = app.broker.claim(WORKER, ["celery"], limit, 30.0, floors=plan)
     floors.record(plan, rows, 0.0, time.monotonic())
     return rows
 
 
-def enqueue(db: psycopg.Connection[Any], priorities: list[int], ago: float = 0.0) -> None:
-    """PENDING rows due ``ago`` seconds ago (each a microsecond apart, in list order)."""
+def enqueue(
+    db: psycopg.Connection[Any], priorities: list[int], ago: float = 0.0, apart: float = 1e-6
+) -> None:
+    """PENDING rows due from ``ago`` seconds ago on, ``apart`` seconds apart in list order."""
     db.execute(
         "INSERT INTO tasks (id, name, priority, run_at, created_at, payload)"
         " SELECT gen_random_uuid()::text, 'floors.noop', p,"
-        "        now() - make_interval(secs => %s) + i * interval '1 microsecond',"
+        "        now() - make_interval(secs => %s) + make_interval(secs => i * %s),"
         "        now() + i * interval '1 microsecond', '[[], {}, {}]'"
         "   FROM unnest(%s::int[]) WITH ORDINALITY AS t(p, i)",
-        (ago, priorities),
+        (ago, apart, priorities),
     )
 
 
@@ -66,7 +68,7 @@ def test_a_plan_covers_every_priority_once() -> None:
             self.queue, self.priority, self.run_at = queue, priority, at
 
     floors.record(None, [Row("a", 5), Row("a", 0), Row("b", PRIORITY_MAX)], 1.0, 0.0)
-    plan = floors.plan(["a", "b", "c"], 1.0)
+    plan = floors.plan(["a", "b", "c"])
     assert plan is not None
     assert list(zip(plan.band_queues, plan.band_priorities, strict=True)) == [
         ("a", 5),
@@ -80,11 +82,20 @@ def test_a_plan_covers_every_priority_once() -> None:
         ("b", PRIORITY_MIN, PRIORITY_MAX - 1),
         ("c", PRIORITY_MIN, PRIORITY_MAX),
     ]
-    # A full claim now and then; a fast one turns floors off.
-    assert floors.plan(["a"], 61.0) is None
-    floors.record(None, [], 0.001, 61.0)
-    assert floors.plan(["a"], 62.0) is None
+    assert plan.band_floors == [at - floors.margin] * 3
+    # A look behind the floors now and then, in the known bands only.
+    assert floors.probe_plan(["a"], 59.0) is None
+    probe = floors.probe_plan(["a"], 61.0)
+    assert probe is not None
+    assert (probe.band_priorities, probe.gap_queues) == ([5, 0], [])
+    # Rows found there: one full claim, then floors again.
+    floors.probe_done(True, 1.0, 61.0)
+    assert floors.plan(["a"]) is None
+    assert floors.plan(["a"]) is not None
+    # A fast look: floors off, full claims.
+    floors.probe_done(False, 0.001, 200.0)
     assert not floors.active
+    assert floors.plan(["a"]) is None
 
 
 @settings(
@@ -120,17 +131,26 @@ def test_claims_from_floors_take_what_a_full_claim_would(
     assert sorted(r.id for r in claim(app, floors, limit)) == sorted(expected)
 
 
-def test_a_row_behind_its_floor_waits_for_the_next_full_claim(
+def test_a_row_behind_its_floor_is_found_by_the_probe_and_a_full_claim(
     app: Celery, db: psycopg.Connection[Any]
 ) -> None:
     floors = always_floors()
     enqueue(db, [0, 0, 0], ago=1.0)
     assert len(claim(app, floors, 3)) == 3
+    # Within the margin: an enqueue that committed a little late is claimed from the floor.
+    enqueue(db, [0], ago=1.1)
+    assert len(claim(app, floors, 10)) == 1
     enqueue(db, [0], ago=3600.0)  # an eta an hour ago
     [late] = due_in_claim_order(db)
     assert claim(app, floors, 10) == []
-    floors.gate.next_full = 0.0
+    probe = floors.probe_plan(["celery"], floors.gate.next_full)
+    assert probe is not None
+    assert app.broker.behind_floors(probe)
+    floors.probe_done(True, 1.0, time.monotonic())
     assert [r.id for r in claim(app, floors, 10)] == [late]
+    probe = floors.probe_plan(["celery"], floors.gate.next_full)
+    assert probe is not None
+    assert not app.broker.behind_floors(probe)
 
 
 @contextmanager
@@ -170,19 +190,19 @@ def test_claims_from_floors_skip_the_entries_an_old_snapshot_keeps(
 ) -> None:
     floors = always_floors()
     with held_snapshot(pg_dsn):
-        enqueue(db, [0] * 3000, ago=10.0)
+        enqueue(db, [0] * 3000, ago=10.0, apart=0.003)
         while claim(app, floors, 200):
             pass
         enqueue(db, [0] * 5)
         common = {"worker": WORKER, "limit": 5, "lease": 30.0}
         full = index_reads(db, schema, "claim_batch", {**common, "queues": ["celery"]})
-        plan = floors.plan(["celery"], time.monotonic())
+        plan = floors.plan(["celery"])
         assert plan is not None
         floored = index_reads(db, schema, "claim_batch_from_floors", {**common, **plan.params()})
     # The full claim reads the entry of every row claimed since the snapshot; the one from
-    # floors starts at the last of them.
+    # floors only those within its margin (a quarter second: about 85 rows here).
     assert full >= 3000, full
-    assert floored <= 10, floored
+    assert floored <= 150, floored
 
 
 def test_reclaim_from_a_floor_finds_new_expiries_and_a_full_one_the_rest(
@@ -229,8 +249,8 @@ def test_a_worker_on_floors_runs_every_task(app: Celery, worker_factory: Any) ->
         return i
 
     with worker_factory(concurrency=2) as w:
-        # Floors from the next claim on, and a full claim at least every 0.3 s.
-        w._floors.gate = Gate(slow=0.0, min_full_every=0.3, cost_factor=0.0)
+        # Floors from the next claim on, and a look behind them at every maintenance pass.
+        w._floors.gate = Gate(slow=0.0, min_full_every=0.0, cost_factor=0.0)
         results = [mark.apply_async((i,), priority=i % 3) for i in range(60)]
         results.append(mark.apply_async((99,), eta=datetime.now(timezone.utc) - timedelta(hours=1)))
         wait_until(lambda: w._floors.active, timeout=10, what="claims from floors")
