@@ -160,14 +160,19 @@ class Floors:
             return self._plan(queues, gaps=False)
 
     def probe_done(self, behind: bool, elapsed: float, now: float) -> None:
-        """The probe took ``elapsed`` seconds and found rows behind the floors or not. A fast
-        probe means vacuum keeps up again: floors off, and the next claim is a full one."""
+        """The probe took ``elapsed`` seconds and found rows behind the floors or not. Rows
+        found: the next claim is a full one (whose own duration then decides). None found, and
+        fast: vacuum keeps up again, floors off. (A probe that finds a row stops there, so its
+        speed says nothing about the entries behind.)"""
         with self._lock:
+            if behind:
+                self._full_wanted = True
+                gate = self.gate
+                gate.next_full = now + max(gate.min_full_every, gate.cost_factor * elapsed)
+                return
             self.gate.full_done(elapsed, now)
             if not self.gate.active:
                 self._floors.clear()
-            elif behind:
-                self._full_wanted = True
 
     def _plan(self, queues: Sequence[str], gaps: bool) -> FloorPlan:
         bands: dict[str, list[int]] = {q: [] for q in queues}
