@@ -158,8 +158,12 @@ WITH owned AS (
 UPDATE {schema}.tasks AS t
    SET lease_until = now() + make_interval(secs => %(lease)s::float8)
   FROM owned JOIN unnest(%(ids)s::text[], %(attempts)s::int[]) AS i(id, attempt) USING (id)
- WHERE t.id = owned.id AND t.attempt = i.attempt
-   AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+ -- The row is looked up by its primary key. Written "(...) IS TRUE", the status check is not
+ -- the lease index's predicate, which would let the planner scan that whole partial index for
+ -- each row (it holds an entry for every lease a row has had until vacuum removes it: small
+ -- in its statistics, millions beside a long-open transaction). Every fenced write does this.
+ WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = owned.id AND t.attempt = i.attempt
+   AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE
 RETURNING t.id, t.cancel_requested
 
 -- name: complete_batch
@@ -189,8 +193,8 @@ WITH input AS (
            error = CASE WHEN t.cancel_requested THEN 'revoked while running' END,
            claimed_by = NULL, lease_until = NULL, updated_at = now()
       FROM owned JOIN input AS i USING (id)
-     WHERE t.id = owned.id AND t.attempt = i.attempt
-       AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+     WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = owned.id AND t.attempt = i.attempt
+       AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
     RETURNING t.id, t.attempt, t.status, i.store, i.content_type, i.result, i.started_at, i.state
 ), saved AS (
     INSERT INTO {schema}.results AS r (task_id, state, content_type, result, traceback, date_done)
@@ -234,8 +238,8 @@ WITH input AS (
            error = i.error, traceback = i.traceback,
            claimed_by = NULL, lease_until = NULL, updated_at = now()
       FROM owned JOIN input AS i USING (id)
-     WHERE t.id = owned.id AND t.attempt = i.attempt
-       AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+     WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = owned.id AND t.attempt = i.attempt
+       AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
     RETURNING t.id, t.attempt, t.status
 ), saved AS (
     INSERT INTO {schema}.results AS r (task_id, state, content_type, result, traceback, date_done)
@@ -284,8 +288,8 @@ WITH input AS (
            error = i.error, traceback = i.traceback,
            claimed_by = NULL, lease_until = NULL, updated_at = now()
       FROM owned JOIN input AS i USING (id)
-     WHERE t.id = owned.id AND t.attempt = i.attempt
-       AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+     WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = owned.id AND t.attempt = i.attempt
+       AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
     RETURNING t.id, t.attempt, t.status, t.run_at
 ), saved AS (
     INSERT INTO {schema}.results AS r (task_id, state, content_type, result, traceback, date_done)
@@ -328,8 +332,8 @@ UPDATE {schema}.tasks AS t
        error = COALESCE(i.error, t.error),
        claimed_by = NULL, lease_until = NULL, updated_at = now()
   FROM owned JOIN input AS i USING (id)
- WHERE t.id = owned.id AND t.attempt = i.attempt
-   AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+ WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = owned.id AND t.attempt = i.attempt
+   AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
 RETURNING t.id, t.status
 
 -- name: take_rate_slots
@@ -358,7 +362,7 @@ WITH input AS (
       FROM {schema}.tasks AS t
       JOIN slots AS s ON t.id = s.id AND t.attempt = s.attempt
      WHERE t.id = ANY(%(ids)s::text[]) AND s.slot > now()
-       AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+       AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
      ORDER BY t.id
        FOR UPDATE OF t
 ), deferred AS (
@@ -371,7 +375,7 @@ WITH input AS (
       FROM slots AS s, owned
      WHERE t.id = ANY(%(ids)s::text[]) AND t.id = owned.id AND t.id = s.id
        AND t.attempt = s.attempt
-       AND t.claimed_by = %(worker)s AND t.status = 'RUNNING'
+       AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
     RETURNING t.id
 )
 SELECT s.id, s.slot, s.slot > now() AS deferred FROM slots AS s

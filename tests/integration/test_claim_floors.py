@@ -3,6 +3,7 @@ the index search really starts at the floor while an old snapshot keeps dead ent
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -165,15 +166,21 @@ def held_snapshot(pg_dsn: str) -> Iterator[None]:
             conn.rollback()
 
 
-def index_reads(db: psycopg.Connection[Any], schema: str, name: str, params: dict[str, Any]) -> int:
-    """Entries of the claim index one run of the named query reads (rolled back)."""
+def index_reads(
+    db: psycopg.Connection[Any],
+    schema: str,
+    name: str,
+    params: dict[str, Any],
+    index: str = "tasks_claim_idx",
+) -> int:
+    """Entries of ``index`` one run of the named query reads (rolled back)."""
 
     def total() -> int:
         found = one(
             db,
             "SELECT idx_tup_read AS n FROM pg_stat_user_indexes"
-            " WHERE schemaname = %s AND indexrelname = 'tasks_claim_idx'",
-            (schema,),
+            " WHERE schemaname = %s AND indexrelname = %s",
+            (schema, index),
         )
         return int(found["n"])
 
@@ -203,6 +210,37 @@ def test_claims_from_floors_skip_the_entries_an_old_snapshot_keeps(
     # floors only those within its margin (a quarter second: about 85 rows here).
     assert full >= 3000, full
     assert floored <= 150, floored
+
+
+def test_fenced_writes_never_read_the_lease_index(
+    app: Celery, db: psycopg.Connection[Any], schema: str
+) -> None:
+    # Statistics that make the lease index look tiny (it holds few live entries), as the
+    # planner sees it while an old snapshot keeps every past lease's entry in it.
+    enqueue(db, [0] * 20000)
+    db.execute("UPDATE tasks SET status = 'COMPLETED' WHERE run_at < now()")
+    enqueue(db, [0] * 5)
+    db.execute("ANALYZE tasks")
+    claimed = app.broker.claim(WORKER, ["celery"], 5, 30.0)
+    assert len(claimed) == 5
+    db.execute("SET plan_cache_mode = force_generic_plan")
+    ids, attempts = [r.id for r in claimed], [r.attempt for r in claimed]
+    renew = {"worker": WORKER, "ids": ids, "attempts": attempts, "lease": 30.0}
+    outcomes = [
+        {
+            "id": i,
+            "attempt": a,
+            "store": False,
+            "content_type": "application/json",
+            "result": "",
+            "started_ago": 0.0,
+            "state": "SUCCESS",
+        }
+        for i, a in zip(ids, attempts, strict=True)
+    ]
+    complete = {"worker": WORKER, "rows": json.dumps(outcomes)}
+    for name, params in (("renew_leases", renew), ("complete_batch", complete)):
+        assert index_reads(db, schema, name, params, "tasks_lease_idx") == 0, name
 
 
 def test_reclaim_from_a_floor_finds_new_expiries_and_a_full_one_the_rest(
