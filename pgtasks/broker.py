@@ -485,10 +485,11 @@ class Broker:
         claimed: list[Any] = self._all(name, params, conn, row_factory=args_row(ClaimedTask))
         return claimed
 
-    def behind_floors(self, floors: FloorPlan) -> bool:
-        """Whether a due PENDING row lies behind one of ``floors``' bands (a read, no locks)."""
-        row = self._one("rows_behind_floors", floors.params())
-        return bool(row and row["behind"])
+    def behind_floors(self, floors: FloorPlan) -> dict[tuple[str, int], datetime]:
+        """For each of ``floors``' bands with due PENDING rows behind its floor, the earliest
+        one's ``run_at`` (a read, no locks)."""
+        rows = self._all("rows_behind_floors", floors.params())
+        return {(r["queue"], r["priority"]): r["run_at"] for r in rows}
 
     def renew(self, worker: str, owned: Sequence[tuple[str, int]], lease: float) -> dict[str, bool]:
         """Extend the leases of ``owned`` (id, attempt) pairs; returns id -> cancel_requested for

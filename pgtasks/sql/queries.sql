@@ -123,23 +123,22 @@ RETURNING t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries
           t.created_at, t.requeued_attempt
 
 -- name: rows_behind_floors
--- Whether a due PENDING row of a known (queue, priority) band lies behind its floor, where only a
--- full claim finds it (see pgtasks.worker.floors). A read: it takes no locks.
-SELECT EXISTS (
-    SELECT 1
-      FROM unnest(%(band_queues)s::text[], %(band_priorities)s::int[],
-                  %(band_floors)s::timestamptz[]) AS b(queue, priority, floor)
-     CROSS JOIN LATERAL (
-            SELECT 1
-              FROM {schema}.tasks
-             WHERE status = 'PENDING'
-               AND queue = b.queue
-               AND priority = b.priority
-               AND run_at < b.floor
-               AND run_at <= now()
-             LIMIT 1
-           ) AS behind
-) AS behind
+-- For each known (queue, priority) band, the earliest due PENDING row behind its floor, which
+-- claims from floors do not see (see pgtasks.worker.floors). A read: it takes no locks.
+SELECT b.queue, b.priority, behind.run_at
+  FROM unnest(%(band_queues)s::text[], %(band_priorities)s::int[],
+              %(band_floors)s::timestamptz[]) AS b(queue, priority, floor)
+ CROSS JOIN LATERAL (
+        SELECT run_at
+          FROM {schema}.tasks
+         WHERE status = 'PENDING'
+           AND queue = b.queue
+           AND priority = b.priority
+           AND run_at < b.floor
+           AND run_at <= now()
+         ORDER BY run_at
+         LIMIT 1
+       ) AS behind
 
 -- name: renew_leases
 -- Extend the lease of every task this worker still owns; a row missing from the result was lost.

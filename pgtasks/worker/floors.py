@@ -19,9 +19,9 @@ A row can still become due behind a floor: an enqueue committed long after its t
 began (``run_at`` is the transaction's ``now()``), an eta in the past, a released row, a claim
 by another worker that rolled back. The worker's maintenance thread looks for such rows (a read
 that walks the dead entries, off the claim path) at least every second and at least every 50
-times what the last look took; when it finds one, the next claim is a full one. When a look is
-fast again, vacuum has caught up: floors go off and claims are full again. Until a full claim
-is slow, floors cost nothing.
+times what the last look took; when it finds one, that band's floor moves back to it. When a
+look finds nothing and is fast again, vacuum has caught up: floors go off and claims are full
+again. Until a full claim is slow, floors cost nothing.
 
 The reclaimer and the pruner (pgtasks.maintenance) scan the lease and retention indexes the same
 way, with the same ``Gate``.
@@ -113,7 +113,6 @@ class Floors:
     #: Known bands beyond this many are forgotten (and learnt again from the next claims).
     max_bands: int = 256
     _floors: dict[tuple[str, int], datetime] = field(default_factory=dict)
-    _full_wanted: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -123,8 +122,7 @@ class Floors:
     def plan(self, queues: Sequence[str]) -> FloorPlan | None:
         """The floors to claim from, or None for a full claim."""
         with self._lock:
-            if not self.gate.active or self._full_wanted:
-                self._full_wanted = False
+            if not self.gate.active:
                 return None
             return self._plan(queues, gaps=True)
 
@@ -159,20 +157,25 @@ class Floors:
                 return None
             return self._plan(queues, gaps=False)
 
-    def probe_done(self, behind: bool, elapsed: float, now: float) -> None:
-        """The probe took ``elapsed`` seconds and found rows behind the floors or not. Rows
-        found: the next claim is a full one (whose own duration then decides). None found, and
-        fast: vacuum keeps up again, floors off. (A probe that finds a row stops there, so its
-        speed says nothing about the entries behind.)"""
+    def probe_done(
+        self, behind: dict[tuple[str, int], datetime], elapsed: float, now: float
+    ) -> None:
+        """The probe took ``elapsed`` seconds and found, per band, the earliest due row behind
+        its floor. Such a band's floor moves back to that row, so the next claims take it (and
+        walk only the entries after it). None found, and fast: vacuum keeps up again, floors
+        off. (A probe that finds a row stops there, so then its speed says nothing.)"""
         with self._lock:
-            if behind:
-                self._full_wanted = True
-                gate = self.gate
-                gate.next_full = now + max(gate.min_full_every, gate.cost_factor * elapsed)
+            gate = self.gate
+            if not behind:
+                gate.full_done(elapsed, now)
+                if not gate.active:
+                    self._floors.clear()
                 return
-            self.gate.full_done(elapsed, now)
-            if not self.gate.active:
-                self._floors.clear()
+            gate.next_full = now + max(gate.min_full_every, gate.cost_factor * elapsed)
+            for key, run_at in behind.items():
+                floor = self._floors.get(key)
+                if floor is not None:
+                    self._floors[key] = min(floor, run_at + self.margin)
 
     def _plan(self, queues: Sequence[str], gaps: bool) -> FloorPlan:
         bands: dict[str, list[int]] = {q: [] for q in queues}

@@ -328,7 +328,8 @@ class Worker:
         floors.probe_done(behind, elapsed, time.monotonic())
         if not floors.active:
             self.log.info("worker.claim_floors", state="off", probe_ms=round(elapsed * 1000, 1))
-        self._wake.set()
+        if behind:
+            self._wake.set()
 
     def _well_formed(self, claimed: list[ClaimedTask]) -> list[ClaimedTask]:
         """The claimed rows whose headers are a JSON object. Every later step reads them as a

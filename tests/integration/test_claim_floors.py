@@ -89,12 +89,13 @@ def test_a_plan_covers_every_priority_once() -> None:
     probe = floors.probe_plan(["a"], 61.0)
     assert probe is not None
     assert (probe.band_priorities, probe.gap_queues) == ([5, 0], [])
-    # Rows found there: one full claim, then floors again.
-    floors.probe_done(True, 1.0, 61.0)
-    assert floors.plan(["a"]) is None
-    assert floors.plan(["a"]) is not None
+    # A row found there: its band's floor moves back to it.
+    floors.probe_done({("a", 0): at - timedelta(hours=1)}, 1.0, 61.0)
+    plan = floors.plan(["a"])
+    assert plan is not None
+    assert plan.band_floors == [at - floors.margin, at - timedelta(hours=1)]
     # A fast look: floors off, full claims.
-    floors.probe_done(False, 0.001, 200.0)
+    floors.probe_done({}, 0.001, 200.0)
     assert not floors.active
     assert floors.plan(["a"]) is None
 
@@ -146,12 +147,15 @@ def test_a_row_behind_its_floor_is_found_by_the_probe_and_a_full_claim(
     assert claim(app, floors, 10) == []
     probe = floors.probe_plan(["celery"], floors.gate.next_full)
     assert probe is not None
-    assert app.broker.behind_floors(probe)
-    floors.probe_done(True, 1.0, time.monotonic())
+    behind = app.broker.behind_floors(probe)
+    assert behind == {
+        ("celery", 0): one(db, "SELECT run_at FROM tasks WHERE id = %s", (late,))["run_at"]
+    }
+    floors.probe_done(behind, 1.0, time.monotonic())
     assert [r.id for r in claim(app, floors, 10)] == [late]
     probe = floors.probe_plan(["celery"], floors.gate.next_full)
     assert probe is not None
-    assert not app.broker.behind_floors(probe)
+    assert app.broker.behind_floors(probe) == {}
 
 
 @contextmanager
