@@ -350,20 +350,7 @@ class Worker:
                 "task.dead_lettered", reason="malformed headers", error=error
             )
             self.metrics.dead_lettered(row.name, row.queue, "malformed headers")
-            # No chord follow-ups: a chord id is one of the headers that cannot be read.
-            self._settle(
-                Failure(
-                    row.id,
-                    row.attempt,
-                    Status.DEAD,
-                    error,
-                    None,
-                    False,
-                    "application/json",
-                    None,
-                    None,
-                )
-            )
+            self._settle(self._failure(row, Status.DEAD, error))
         return kept
 
     def _take_rate_slots(self, claimed: list[ClaimedTask]) -> list[ClaimedTask]:
@@ -698,6 +685,9 @@ class Worker:
         self.completer.put(final)
 
     def _failure(self, row: ClaimedTask, status: str, error: str) -> Failure:
+        """A row that ends without running; its chord counts it, where its headers can say
+        which (headers that are not a JSON object are dead-lettered as such: _well_formed)."""
+        headers = row.headers if isinstance(row.headers, dict) else {}
         return Failure(
             row.id,
             row.attempt,
@@ -708,7 +698,7 @@ class Worker:
             "application/json",
             None,
             None,
-            followups=chord_member(row.headers),
+            followups=chord_member(headers),
         )
 
     def _written(self, item: Final, status: str | None) -> None:
