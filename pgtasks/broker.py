@@ -28,7 +28,13 @@ from psycopg.types.datetime import TimestamptzBinaryLoader, TimestamptzLoader
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from pgtasks.exceptions import EncodeError, ImproperlyConfigured, NotPermitted, QuotaExceeded
+from pgtasks.exceptions import (
+    EncodeError,
+    ImproperlyConfigured,
+    NotPermitted,
+    PgTasksError,
+    QuotaExceeded,
+)
 from pgtasks.message import ClaimedTask, TaskMessage
 from pgtasks.sql import queries
 
@@ -291,7 +297,7 @@ class Broker:
                     used = c
                     return run(c)
             except errors.UniqueViolation:
-                if attempt > 1 and name in ("insert_task", "insert_tasks"):
+                if attempt > 1 and name in _INSERTS:
                     # The first attempt committed before its connection broke.
                     return cast(_T, [])
                 raise
@@ -350,22 +356,88 @@ class Broker:
             "max_retries": msg.max_retries,
         }
 
-    def enqueue(self, msg: TaskMessage, conn: psycopg.Connection[Any] | None = None) -> None:
-        """Insert one task row (committed on return unless ``conn`` is in a transaction)."""
+    def enqueue(self, msg: TaskMessage, conn: psycopg.Connection[Any] | None = None) -> str:
+        """Insert one task row (committed on return unless ``conn`` is in a transaction).
+
+        Returns the id of the task that holds the call: ``msg.id``, or, for a unique task whose
+        key another task holds, that task's id (and nothing is inserted).
+        """
         with _storage_errors(msg.id):
-            self._all("insert_task", self._params(msg), conn)
+            if msg.unique is None:
+                self._all("insert_task", self._params(msg), conn)
+                return msg.id
+            return self._enqueue_unique(msg, conn)
+
+    #: How often a unique enqueue looks again for a holder that changed as it looked.
+    UNIQUE_TRIES = 20
+
+    def _enqueue_unique(self, msg: TaskMessage, conn: psycopg.Connection[Any] | None) -> str:
+        unique = msg.unique
+        assert unique is not None
+        params = self._params(msg)
+        params["unique_key"] = unique.key
+        found: list[tuple[str]]
+        if unique.window is not None:
+            params["window"] = unique.window
+            found = cast(
+                "list[tuple[str]]",
+                self._all("insert_task_unique_window", params, conn, row_factory=tuple_row),
+            )
+            # No row only when a retry on a new connection met the row it had just written.
+            return str(found[0][0]) if found else msg.id
+        params["until_started"] = unique.until_started
+        for _ in range(self.UNIQUE_TRIES):
+            found = cast(
+                "list[tuple[str]]",
+                self._all("insert_task_unique", params, conn, row_factory=tuple_row),
+            )
+            if found:
+                return str(found[0][0])
+            # The holder committed after this statement's snapshot was taken, or finished as
+            # it looked: a new statement sees either it or a free key.
+        raise PgTasksError(
+            f"cannot enqueue {msg.name}: its unique key {msg.unique_key!r} changed hands "
+            f"{self.UNIQUE_TRIES} times as it was looked up; try again"
+        )
 
     def enqueue_many(
         self, msgs: Sequence[TaskMessage], conn: psycopg.Connection[Any] | None = None
-    ) -> None:
-        """Insert many task rows in one statement.
+    ) -> list[str]:
+        """Insert many task rows in one statement; returns the id holding each call (see
+        ``enqueue``).
 
         Rows whose times need no arithmetic on the database clock (no ``countdown`` or
         relative ``expires``) are sent with COPY, which the server reads about twice as fast as
         any INSERT; the others travel as one json document that ``insert_tasks`` expands.
+        Unique tasks take a statement each, all in one transaction.
         """
         if not msgs:
-            return
+            return []
+        if any(m.unique is not None for m in msgs):
+            with self.connection(conn) as c:
+                if conn is not None and not conn.autocommit:
+                    return self._enqueue_some_unique(msgs, c)
+                with c.transaction():
+                    return self._enqueue_some_unique(msgs, c)
+        self._enqueue_plain(msgs, conn)
+        return [m.id for m in msgs]
+
+    def _enqueue_some_unique(
+        self, msgs: Sequence[TaskMessage], conn: psycopg.Connection[Any]
+    ) -> list[str]:
+        plain = [m for m in msgs if m.unique is None]
+        if plain:
+            self._enqueue_plain(plain, conn)
+        held: dict[str, str] = {}
+        for m in msgs:
+            if m.unique is not None:
+                with _storage_errors(m.id):
+                    held[m.id] = self._enqueue_unique(m, conn)
+        return [held.get(m.id, m.id) for m in msgs]
+
+    def _enqueue_plain(
+        self, msgs: Sequence[TaskMessage], conn: psycopg.Connection[Any] | None
+    ) -> None:
         with _storage_errors(None):
             relative = any(m.countdown is not None or m.expires_in is not None for m in msgs)
             if relative or self._copy_ok is False:
@@ -1221,6 +1293,9 @@ class StoredResult:
     content_type: str
     result: bytes | None
     traceback: str | None = None
+
+
+_INSERTS = ("insert_task", "insert_tasks", "insert_task_unique", "insert_task_unique_window")
 
 
 @dataclass

@@ -293,7 +293,19 @@ class Signature(dict[str, Any]):
         # Canvas enqueues join app.transaction blocks (and Django's atomic) like apply_async.
         from pgtasks.transaction import resolve
 
-        app.broker.apply_plan(planner.plan, conn=resolve(app, connection))
+        plan = planner.plan
+        if any(m.unique is not None for m in plan.messages):
+            # A unique call may turn out to be another task: only a lone signature can say so.
+            alone = len(plan.messages) == 1 and not (plan.chords or plan.results or plan.chord_hits)
+            msg = plan.messages[0]
+            if not alone or getattr(result, "id", None) != msg.id:
+                raise ValueError(
+                    f"unique task {msg.name!r} (key {msg.unique_key!r}) cannot be part of a "
+                    "chain, group or chord: enqueue it on its own with apply_async or delay"
+                )
+            holder = app.broker.enqueue(msg, conn=resolve(app, connection))
+            return AsyncResult(holder, app, task_name=msg.name)
+        app.broker.apply_plan(plan, conn=resolve(app, connection))
         return result
 
     def apply(

@@ -39,6 +39,7 @@ TABLES = (
     "schedule_entries",
     "schedule_ticks",
     "quotas",
+    "unique_keys",
     "migrations",
 )
 #: Tables a producer writes, and how.
@@ -49,6 +50,8 @@ PRODUCER_TABLES = {
     "chords": ("INSERT",),
     "group_results": ("SELECT", "INSERT", "UPDATE"),
     "quotas": ("SELECT",),
+    # A unique task's key held for a window is taken (or found held) by an upsert.
+    "unique_keys": ("SELECT", "INSERT", "UPDATE"),
     "migrations": ("SELECT",),
 }
 WORKER_RIGHTS = ("SELECT", "INSERT", "UPDATE", "DELETE")

@@ -28,6 +28,22 @@ class TaskMessage:
     expires_at: datetime | None = None
     expires_in: float | None = None
     max_retries: int | None = None
+    #: A unique call's key and how long it is held (see pgtasks.unique); None: not unique.
+    unique: Unique | None = None
+
+    @property
+    def unique_key(self) -> str | None:
+        return self.unique.key if self.unique is not None else None
+
+
+@dataclass(frozen=True)
+class Unique:
+    """A unique call's key, held for ``window`` seconds from the first enqueue, else by the
+    task's status: while it waits or runs, or (``until_started``) until first claimed."""
+
+    key: str
+    window: float | None = None
+    until_started: bool = False
 
 
 @dataclass(frozen=True, slots=True)

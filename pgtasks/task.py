@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import reprlib
 import threading
 from collections.abc import Callable, Sequence
@@ -10,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 import structlog
 
-from pgtasks import exceptions, ratelimits, signals, tracing
+from pgtasks import exceptions, ratelimits, signals, tracing, unique
 from pgtasks.exceptions import ImproperlyConfigured
 from pgtasks.request import Request
 from pgtasks.retry import exponential_backoff
@@ -60,6 +62,11 @@ class Task(Generic[P, R]):
     #: Keep arguments out of logs and ``inspect``: True hides them all; a list of keyword
     #: names hides those values. A call's own ``argsrepr``/``kwargsrepr`` win.
     redact: bool | Sequence[str] = False
+    #: Unique tasks (see pgtasks.unique): argument names, or a function of the arguments that
+    #: returns the key. A call's own ``unique_key`` wins.
+    unique_on: unique.UniqueOn | None = None
+    #: How long a unique key is held: "finished" (default), "started", or a duration.
+    unique_for: unique.UniqueFor | None = None
 
     MaxRetriesExceededError = exceptions.MaxRetriesExceededError
 
@@ -76,8 +83,16 @@ class Task(Generic[P, R]):
             self.autoretry_for = tuple(self.autoretry_for)
         try:
             ratelimits.rate(self.rate_limit)
+            unique.hold(self.unique_for)
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"task {name!r}: {exc}") from None
+        self._call_signature = (
+            unique.call_signature(fun, bind) if self.unique_on is not None else None
+        )
+        try:
+            unique.check_unique_on(name, self._call_signature, self.unique_on)
+        except (TypeError, ValueError) as exc:
+            raise ImproperlyConfigured(str(exc)) from None
         self._local = threading.local()
         self.__doc__ = fun.__doc__
         self.__name__ = getattr(fun, "__name__", name)
@@ -218,7 +233,7 @@ class Task(Generic[P, R]):
         if self.app.settings.always_eager:
             return self.apply(args, kwargs, task_id=task_id)
         with tracing.producer(self.name) as inject:
-            msg = self._publish(
+            msg, holder = self._publish(
                 args,
                 kwargs,
                 inject,
@@ -235,7 +250,7 @@ class Task(Generic[P, R]):
                 max_retries=max_retries,
                 **options,
             )
-        result = self.app.AsyncResult(msg.id, task_name=self.name)
+        result = self.AsyncResult(holder)
         result.ignored = bool(msg.headers.get("ignore_result"))
         return result
 
@@ -246,12 +261,23 @@ class Task(Generic[P, R]):
         inject: tracing.Inject,
         connection: Any,
         **options: Any,
-    ) -> TaskMessage:
-        """Build, sign with the trace context, and write one row (with its publish signals)."""
+    ) -> tuple[TaskMessage, str]:
+        """Build, sign with the trace context, and write one row (with its publish signals).
+        Returns the message and the id of the task holding the call (another task's id when
+        the call is unique and its key is held: then nothing was written)."""
         msg = self.build_message(args, kwargs, **options)
         inject(msg.headers, msg.queue)
         signals.send_before_publish(msg, args, kwargs)
-        self.app.broker.enqueue(msg, conn=self._enqueue_conn(connection))
+        holder = self.app.broker.enqueue(msg, conn=self._enqueue_conn(connection))
+        if holder != msg.id:
+            if structlog.is_configured():
+                _log.debug(
+                    "task.duplicate",
+                    task_name=msg.name,
+                    unique_key=msg.unique_key,
+                    held_by=holder,
+                )
+            return msg, holder
         signals.send_after_publish(msg, args, kwargs)
         if structlog.is_configured():  # a library must not print when the host app did not ask
             _log.debug(
@@ -262,7 +288,7 @@ class Task(Generic[P, R]):
                 eta=msg.eta.isoformat() if msg.eta else None,
                 countdown=msg.countdown,
             )
-        return msg
+        return msg, holder
 
     # -- canvas ------------------------------------------------------------------------------
 
@@ -329,12 +355,12 @@ class Task(Generic[P, R]):
         if signals.before_task_publish.receivers:
             for msg, (args, kwargs) in zip(msgs, bodies, strict=True):
                 signals.send_before_publish(msg, args, kwargs)
-        self.app.broker.enqueue_many(msgs, conn=self._enqueue_conn(connection))
+        holders = self.app.broker.enqueue_many(msgs, conn=self._enqueue_conn(connection))
         if signals.after_task_publish.receivers:
-            for msg, (args, kwargs) in zip(msgs, bodies, strict=True):
-                signals.send_after_publish(msg, args, kwargs)
-        result = self.app.AsyncResult
-        return [result(m.id, task_name=self.name) for m in msgs]
+            for msg, (args, kwargs), holder in zip(msgs, bodies, holders, strict=True):
+                if holder == msg.id:
+                    signals.send_after_publish(msg, args, kwargs)
+        return [self.AsyncResult(holder) for holder in holders]
 
     def _enqueue_conn(self, connection: Any) -> psycopg.Connection[Any] | None:
         """The caller's connection, else the one an ``app.transaction`` block (or an
@@ -416,6 +442,18 @@ class Task(Generic[P, R]):
                 options.pop(key)
                 base_headers[key] = callbacks
         argsrepr, kwargsrepr = options.pop("argsrepr", None), options.pop("kwargsrepr", None)
+        unique_key: str | None = options.pop("unique_key", None)
+        unique_for = options.pop("unique_for", None)
+        held = unique.hold(unique_for if unique_for is not None else self.unique_for)
+        if unique_key is not None:
+            if not isinstance(unique_key, str) or not unique_key:
+                raise TypeError(f"unique_key must be a non-empty string, not {unique_key!r}")
+            unique_key = _check_text("unique_key", unique_key)
+        unique_on = self.unique_on if unique_key is None else None
+        if unique_for is not None and unique_key is None and unique_on is None:
+            raise ValueError(
+                f"unique_for needs a key: give unique_key, or unique_on to task {self.name!r}"
+            )
         if options:
             # Celery options without a meaning here are accepted, so calling code keeps working.
             base_headers.setdefault("options", {k: v for k, v in options.items() if _is_plain(v)})
@@ -457,7 +495,7 @@ class Task(Generic[P, R]):
             call_headers["kwargsrepr"] = (
                 kwargsrepr if kwargsrepr is not None else self._kwargsrepr(kwargs, small)
             )
-            return TaskMessage(
+            msg = TaskMessage(
                 id=_check_text("task id", task_id) if task_id else new_id(),
                 name=name,
                 queue=call_queue,
@@ -470,8 +508,41 @@ class Task(Generic[P, R]):
                 expires_in=expires_in,
                 max_retries=max_retries,
             )
+            if unique_key is None and unique_on is None:
+                return msg
+            return self._unique(msg, unique_key, unique_on, held, args, kwargs)
 
         return make
+
+    def _unique(
+        self,
+        msg: TaskMessage,
+        key: str | None,
+        unique_on: unique.UniqueOn | None,
+        held: unique.Hold,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> TaskMessage:
+        """``msg`` with its unique key (see pgtasks.unique), unless ``unique_on`` says None."""
+        if unique_on is not None:
+            sig = None if callable(unique_on) else self._signature()
+            key = unique.key_for(self.name, sig, unique_on, args, kwargs)
+            if key is None:
+                return msg
+            key = _check_text("unique key", key)
+        from pgtasks.message import Unique
+
+        assert key is not None, "a unique call has its own key or the task's unique_on"
+        return dataclasses.replace(msg, unique=Unique(key, held.window, held.until_started))
+
+    def _signature(self) -> inspect.Signature:
+        """The arguments a caller passes (for ``unique_on`` names)."""
+        sig = self._call_signature
+        if sig is None:
+            sig = self._call_signature = unique.call_signature(self.fun, self.bind)
+        if sig is None:
+            raise TypeError(f"task {self.name!r}: cannot read the arguments of its function")
+        return sig
 
     def _argsrepr(self, args: tuple[Any, ...], small: bool = False) -> str:
         if self.redact is True:
@@ -596,6 +667,10 @@ class Task(Generic[P, R]):
         if throw:
             raise ret
         return ret
+
+    def AsyncResult(self, task_id: str, **kwargs: Any) -> AsyncResult:
+        """The result handle of a call of this task (Celery's ``Task.AsyncResult``)."""
+        return self.app.AsyncResult(task_id, task_name=self.name)
 
 
 def _seconds(what: str, value: Any) -> float:

@@ -14,6 +14,65 @@ VALUES
      %(content_type)s, %(content_encoding)s, %(payload)s::json, %(payload_raw)s::bytea,
      %(headers)s::jsonb, %(max_retries)s)
 
+-- name: insert_task_unique
+-- Enqueue one task unless the row of another holds its unique key (see tasks_unique_key_idx):
+-- then insert nothing and return that task's id. The index
+-- tasks_unique_key_idx settles races between producers. A holder that committed after this
+-- statement's snapshot is not visible to the second half: no row comes back, and the caller
+-- runs the statement again (a new snapshot in READ COMMITTED).
+WITH ins AS (
+    INSERT INTO {schema}.tasks
+        (id, name, queue, priority, run_at, expires_at, content_type, content_encoding,
+         payload, payload_raw, headers, max_retries, unique_key, unique_until_started)
+    VALUES
+        (%(id)s, %(name)s, %(queue)s, %(priority)s,
+         COALESCE(%(eta)s::timestamptz, now() + make_interval(secs => COALESCE(%(countdown)s::float8, 0))),
+         COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)),
+         %(content_type)s, %(content_encoding)s, %(payload)s::json, %(payload_raw)s::bytea,
+         %(headers)s::jsonb, %(max_retries)s, %(unique_key)s, %(until_started)s)
+    ON CONFLICT (unique_key)
+       WHERE unique_key IS NOT NULL
+         AND CASE WHEN unique_until_started THEN status = 'PENDING' AND attempt = 0
+                  ELSE status IN ('PENDING', 'RUNNING') END
+    DO NOTHING
+    RETURNING id
+)
+SELECT id, true AS inserted FROM ins
+UNION ALL
+SELECT t.id, false
+  FROM {schema}.tasks AS t
+ WHERE NOT EXISTS (SELECT 1 FROM ins)
+   AND t.unique_key = %(unique_key)s
+   AND CASE WHEN t.unique_until_started THEN t.status = 'PENDING' AND t.attempt = 0
+            ELSE t.status IN ('PENDING', 'RUNNING') END
+
+-- name: insert_task_unique_window
+-- Enqueue one task unless its key was taken less than its window ago: then insert nothing and
+-- return the id of the task that took it. The key's row is locked by the upsert, so producers
+-- racing on one key decide one after the other, each on the row's latest version.
+WITH k AS (
+    INSERT INTO {schema}.unique_keys AS u (key, task_id, held_until)
+    VALUES (%(unique_key)s, %(id)s, now() + make_interval(secs => %(window)s::float8))
+    ON CONFLICT (key) DO UPDATE
+       SET task_id = CASE WHEN u.held_until > now() THEN u.task_id ELSE excluded.task_id END,
+           held_until = CASE WHEN u.held_until > now() THEN u.held_until
+                             ELSE excluded.held_until END
+    RETURNING u.task_id
+), ins AS (
+    INSERT INTO {schema}.tasks
+        (id, name, queue, priority, run_at, expires_at, content_type, content_encoding,
+         payload, payload_raw, headers, max_retries, unique_key)
+    SELECT %(id)s, %(name)s, %(queue)s, %(priority)s,
+           COALESCE(%(eta)s::timestamptz, now() + make_interval(secs => COALESCE(%(countdown)s::float8, 0))),
+           COALESCE(%(expires_at)s::timestamptz, now() + make_interval(secs => %(expires_in)s::float8)),
+           %(content_type)s, %(content_encoding)s, %(payload)s::json, %(payload_raw)s::bytea,
+           %(headers)s::jsonb, %(max_retries)s, NULL
+      FROM k
+     WHERE k.task_id = %(id)s
+    RETURNING id
+)
+SELECT k.task_id AS id, k.task_id = %(id)s AS inserted FROM k
+
 -- name: insert_tasks
 -- Enqueue many tasks in one statement (group, apply_many): the rows travel as one json array
 -- of objects, which the client writes and the server reads far faster than one array per
@@ -327,6 +386,8 @@ WITH input AS (
 UPDATE {schema}.tasks AS t
    SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
        attempt = t.attempt - 1,
+       -- A key held only until started was let go at the claim: another task may hold it.
+       unique_key = CASE WHEN t.unique_until_started THEN NULL ELSE t.unique_key END,
        run_at = now() + make_interval(secs => i.delay),
        error = COALESCE(i.error, t.error),
        claimed_by = NULL, lease_until = NULL, updated_at = now()
@@ -368,6 +429,7 @@ WITH input AS (
     UPDATE {schema}.tasks AS t
        SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
            attempt = t.attempt - 1,
+           unique_key = CASE WHEN t.unique_until_started THEN NULL ELSE t.unique_key END,
            run_at = s.slot,
            headers = t.headers || jsonb_build_object('rate_slot', s.slot),
            claimed_by = NULL, lease_until = NULL, updated_at = now()
@@ -477,10 +539,10 @@ DELETE FROM {schema}.tasks
    AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
 
 -- name: prune_finished
--- Retention: remove finished rows (with their attempt history) and old results past their age,
--- and week-old tick rows; at most %(limit)s of each per call (the pruner calls again while a
--- call comes back full). Rows older than the floors (NULL: none) are left to a later call
--- without floors; the cutoffs come back to serve as the next floors.
+-- Retention: remove finished rows (with their attempt history), old results past
+-- their age, lapsed unique keys and week-old tick rows; at most %(limit)s of each per call (the
+-- pruner calls again while a call comes back full). Rows older than the floors (NULL: none) are
+-- left to a later call without floors; the cutoffs come back to serve as the next floors.
 WITH tasks_gone AS (
     -- SKIP LOCKED: the pruners of several workers take disjoint rows instead of queueing
     -- behind each other's deletes.
@@ -504,6 +566,13 @@ WITH tasks_gone AS (
      WHERE (name, tick_at) IN (SELECT name, tick_at FROM {schema}.schedule_ticks
                                 WHERE enqueued_at < now() - interval '7 days'
                                 LIMIT %(limit)s)
+), keys_gone AS (
+    -- Unique keys whose window has passed (an enqueue would take them over anyway).
+    DELETE FROM {schema}.unique_keys
+     WHERE key IN (SELECT key FROM {schema}.unique_keys
+                    WHERE held_until < now()
+                    LIMIT %(limit)s
+                      FOR UPDATE SKIP LOCKED)
 ), results_gone AS (
     DELETE FROM {schema}.results
      WHERE ctid = ANY(ARRAY(SELECT ctid FROM {schema}.results
@@ -833,6 +902,8 @@ WITH picked AS (
        SET status = 'PENDING', run_at = now(), retries = 0,
            attempt = t.attempt + 1, requeued_attempt = t.attempt + 1,
            headers = t.headers - 'rate_slot',
+           -- A newer task may hold the key by now: the requeued one gives it up.
+           unique_key = NULL,
            claimed_by = NULL, lease_until = NULL, updated_at = now()
       FROM picked
      WHERE t.id = picked.id AND t.status = 'DEAD'

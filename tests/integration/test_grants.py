@@ -213,3 +213,21 @@ def test_a_producer_role_is_held_to_its_quota(roles: Roles, pg_dsn: str, schema:
             app.tasks["reports.build"].delay(2)
     finally:
         app.close()
+
+
+def test_a_producer_role_enqueues_unique_tasks_in_every_mode(
+    roles: Roles, db: psycopg.Connection[Any]
+) -> None:
+    app = roles.app(roles.producer)
+    try:
+        build = app.tasks["reports.build"]
+        for unique_for in ("finished", "started", 600):
+            first = build.apply_async((1,), unique_key=f"k-{unique_for}", unique_for=unique_for)
+            again = build.apply_async((2,), unique_key=f"k-{unique_for}", unique_for=unique_for)
+            assert again.id == first.id
+        # Its queues and task names still bind a unique call.
+        with pytest.raises(NotPermitted):
+            app.tasks["billing.charge"].apply_async((1,), unique_key="k-other")
+    finally:
+        app.close()
+    assert one(db, "SELECT count(*) AS n FROM tasks")["n"] == 3
