@@ -742,6 +742,17 @@ class Broker:
         row = self._one("revoke", {"id": task_id})
         return row["status"] if row else None
 
+    def record_effect(
+        self, task_id: str, name: str, conn: psycopg.Connection[Any] | None = None
+    ) -> bool:
+        """Record that ``task_id`` did effect ``name`` (in ``conn``'s transaction when given);
+        True when no run of the task had recorded it before."""
+        return bool(self._all("record_effect", {"task_id": task_id, "name": name}, conn))
+
+    def effect_recorded(self, task_id: str, name: str) -> bool:
+        row = self._one("effect_recorded", {"task_id": task_id, "name": name})
+        return bool(row and row["recorded"])
+
     def get_result(self, task_id: str) -> Row | None:
         row = self._one("get_result", {"id": task_id})
         if row is None or (row["status"] is None and row["state"] is None):

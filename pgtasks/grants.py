@@ -40,6 +40,7 @@ TABLES = (
     "schedule_ticks",
     "quotas",
     "unique_keys",
+    "effects",
     "migrations",
 )
 #: Tables a producer writes, and how.

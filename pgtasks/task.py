@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from pgtasks.app import Celery
     from pgtasks.canvas import Signature
+    from pgtasks.effects import Effect
     from pgtasks.message import TaskMessage
     from pgtasks.result import AsyncResult
 
@@ -187,6 +188,32 @@ class Task(Generic[P, R]):
         einfo: Any,
     ) -> None:
         """Called in the worker after any outcome."""
+
+    def effect(self, name: str, connection: Any = None) -> Effect:
+        """Mark one side effect of the running task, so that a run after a crash skips it::
+
+            with self.effect("charge") as first_time:
+                if first_time:
+                    ...
+
+        In a database transaction (``connection=``, or one ``app.transaction`` or Django's
+        ``atomic()`` binds) the effect is recorded in it and commits with the effect's writes;
+        outside one it is recorded when the block succeeds, and ``effect.key`` (the task id and
+        ``name``) is the idempotency key to give the service it calls. See pgtasks.effects.
+        """
+        from pgtasks.effects import Effect, transaction_of
+
+        task_id = self.request.id
+        if not task_id:
+            raise RuntimeError(
+                f"{self.name}: effect() marks an effect of a running task, and none runs here "
+                "(a direct call has no task id)"
+            )
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"an effect's name must be a non-empty string, not {name!r}")
+        name = _check_text("effect name", name)
+        conn = transaction_of(resolve(self.app, connection), explicit=connection is not None)
+        return Effect(self.app.broker, task_id, name, conn)
 
     # -- enqueueing ----------------------------------------------------------------------------
 

@@ -14,6 +14,19 @@ VALUES
      %(content_type)s, %(content_encoding)s, %(payload)s::json, %(payload_raw)s::bytea,
      %(headers)s::jsonb, %(max_retries)s)
 
+-- name: record_effect
+-- Record that the task did the named effect, in the caller's transaction (or at once outside
+-- one); a row back means this is the first time. A concurrent run recording the same effect
+-- waits here until the first one's transaction ends, then finds it recorded (or, had that one
+-- rolled back, records it itself).
+INSERT INTO {schema}.effects (task_id, name) VALUES (%(task_id)s, %(name)s)
+ON CONFLICT DO NOTHING
+RETURNING true AS recorded
+
+-- name: effect_recorded
+SELECT EXISTS (SELECT 1 FROM {schema}.effects
+                WHERE task_id = %(task_id)s AND name = %(name)s) AS recorded
+
 -- name: insert_task_unique
 -- Enqueue one task unless the row of another holds its unique key (see tasks_unique_key_idx):
 -- then insert nothing and return that task's id. The index
@@ -539,7 +552,7 @@ DELETE FROM {schema}.tasks
    AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
 
 -- name: prune_finished
--- Retention: remove finished rows (with their attempt history), old results past
+-- Retention: remove finished rows (with their attempt history and effects), old results past
 -- their age, lapsed unique keys and week-old tick rows; at most %(limit)s of each per call (the
 -- pruner calls again while a call comes back full). Rows older than the floors (NULL: none) are
 -- left to a later call without floors; the cutoffs come back to serve as the next floors.
@@ -559,6 +572,8 @@ WITH tasks_gone AS (
     RETURNING id
 ), attempts_gone AS (
     DELETE FROM {schema}.attempts WHERE task_id = ANY(ARRAY(SELECT id FROM tasks_gone))
+), effects_gone AS (
+    DELETE FROM {schema}.effects WHERE task_id = ANY(ARRAY(SELECT id FROM tasks_gone))
 ), ticks_gone AS (
     -- Tick rows only settle races between schedulers (seconds); each entry's last tick is
     -- kept in schedule_entries, so a week of them is plenty.

@@ -264,3 +264,37 @@ def test_a_prefork_child_leaves_the_parents_connection_alone(
     assert child != parent
     # Had the child closed the inherited connection, this session would be gone.
     assert backend_here() == parent
+
+
+def test_an_effect_in_an_atomic_block_commits_or_rolls_back_with_it(
+    dj_app: Celery, db: psycopg.Connection[Any]
+) -> None:
+    from django.db import transaction
+
+    from pgtasks.request import Request
+
+    @dj_app.task(name="dj.pay", bind=True)
+    def pay(self: Any) -> None:
+        pass
+
+    def recorded() -> int:
+        row = db.execute("SELECT count(*) FROM effects").fetchone()
+        return int(row[0]) if row else 0
+
+    pay.push_request(Request(id="dj-effect"))
+    try:
+        with pytest.raises(Rollback), transaction.atomic():
+            with pay.effect("charge") as effect:
+                assert effect.first_time
+            raise Rollback
+        assert recorded() == 0  # rolled back with the block
+        with transaction.atomic(), pay.effect("charge") as effect:
+            assert effect.first_time
+            assert recorded() == 0  # not committed yet
+        assert recorded() == 1
+        with transaction.atomic(), pay.effect("charge") as effect:
+            assert not effect.first_time
+        with pay.effect("charge") as effect:  # outside atomic(): the database is asked
+            assert not effect.first_time
+    finally:
+        pay.pop_request()
