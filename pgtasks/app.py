@@ -95,6 +95,12 @@ def normalise_dsn(url: str) -> str:
     return url
 
 
+def signals_name(signum: int) -> str:
+    import signal
+
+    return signal.Signals(signum).name
+
+
 class Control:
     """``app.control``: revoke and purge."""
 
@@ -108,11 +114,18 @@ class Control:
         signal: str | None = None,
         **kwargs: Any,
     ) -> None:
-        """Cancel tasks by id. A waiting task becomes REVOKED at once; a running one is flagged
-        and cannot record success."""
+        """Cancel tasks by id. A waiting task becomes REVOKED at once. A running one is flagged:
+        it cannot record success, ends REVOKED, and sees ``self.request.cancelled`` (and
+        ``AbortableTask.is_aborted()``); its worker hears of it at once. With ``terminate``,
+        a prefork worker also stops the task's process with ``signal`` (default SIGTERM)."""
+        from pgtasks.utils import parse_signal
+
+        stop: str | None = None
+        if terminate:
+            stop = signals_name(parse_signal(signal or "SIGTERM"))
         ids = [task_id] if isinstance(task_id, str) else list(task_id)
         for tid in ids:
-            self.app.broker.revoke(tid)
+            self.app.broker.revoke(tid, signal=stop)
 
     def purge(self) -> int:
         """Delete every waiting task; returns how many."""

@@ -84,6 +84,11 @@ def notify_channel(schema: str) -> str:
     return f"pgtasks_{schema}"[:63]
 
 
+def cancel_channel(schema: str) -> str:
+    """The channel that tells workers a running task of ``schema`` was revoked."""
+    return f"pgtasks_c_{schema}"[:63]
+
+
 def _text(value: str | None) -> str | None:
     """Error text as a text column accepts it: PostgreSQL refuses NUL characters, and an
     exception message may carry one (a failed write there would stop the worker's completer)."""
@@ -264,6 +269,7 @@ class Broker:
         """A connection listening on the wake-up channel."""
         conn = self.connect()
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel(self.schema))))
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(cancel_channel(self.schema))))
         return conn
 
     def close(self) -> None:
@@ -737,9 +743,17 @@ class Broker:
 
     # -- results and control -----------------------------------------------------------------
 
-    def revoke(self, task_id: str) -> str | None:
-        """Cancel a task; returns its status afterwards, or None if it was not pending/running."""
-        row = self._one("revoke", {"id": task_id})
+    def revoke(self, task_id: str, signal: str | None = None, by: str | None = None) -> str | None:
+        """Cancel a task; returns its status afterwards, or None if it was not pending/running.
+
+        A running task's worker is told at once (NOTIFY on the cancel channel), and asked to
+        stop it with ``signal`` where one is given (``revoke(terminate=True)``). ``by`` names
+        who cancelled (default: the app's task_source, else the database role).
+        """
+        row = self._one(
+            "revoke",
+            {"id": task_id, "signal": signal, "by": by, "channel": cancel_channel(self.schema)},
+        )
         return row["status"] if row else None
 
     def record_effect(
@@ -752,6 +766,16 @@ class Broker:
     def effect_recorded(self, task_id: str, name: str) -> bool:
         row = self._one("effect_recorded", {"task_id": task_id, "name": name})
         return bool(row and row["recorded"])
+
+    def revoke_signal(self, task_id: str) -> str | None:
+        """The signal a revoke asked a running task to be stopped with, if any."""
+        row = self._one("revoke_signal", {"id": task_id})
+        return row["signal"] if row else None
+
+    def cancel_requested(self, task_id: str) -> bool:
+        """Whether the task was revoked (False for a task not in the table)."""
+        row = self._one("cancel_requested", {"id": task_id})
+        return bool(row and row["cancel_requested"])
 
     def get_result(self, task_id: str) -> Row | None:
         row = self._one("get_result", {"id": task_id})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -29,6 +30,14 @@ class Request:
     max_retries: int | None = None
     # Set by Task.retry when the retry budget is spent, so the worker dead-letters the row.
     retries_exhausted: bool = False
+    # Asks the database whether this call was revoked (set by the worker; see ``cancelled``).
+    cancel_check: Callable[[], bool] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether this call was revoked while it runs (``revoke()``): a long task checks it now
+        and then and stops early. Asked of the database at most twice a second."""
+        return self.cancel_check is not None and self.cancel_check()
 
     @property
     def task_id(self) -> str | None:

@@ -261,12 +261,15 @@ WITH input AS (
 ), done AS (
     UPDATE {schema}.tasks AS t
        SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'COMPLETED' END,
-           error = CASE WHEN t.cancel_requested THEN 'revoked while running' END,
+           error = CASE WHEN t.cancel_requested
+                        THEN 'revoked while running'
+                             || COALESCE(' by ' || (t.headers ->> 'revoked_by'), '') END,
            claimed_by = NULL, lease_until = NULL, updated_at = now()
       FROM owned JOIN input AS i USING (id)
      WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = owned.id AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
-    RETURNING t.id, t.attempt, t.status, i.store, i.content_type, i.result, i.started_at, i.state
+    RETURNING t.id, t.attempt, t.status, t.error, i.store, i.content_type, i.result,
+              i.started_at, i.state
 ), saved AS (
     INSERT INTO {schema}.results AS r (task_id, state, content_type, result, traceback, date_done)
     SELECT d.id, CASE d.status WHEN 'COMPLETED' THEN d.state ELSE 'REVOKED' END,
@@ -277,10 +280,11 @@ WITH input AS (
        SET state = EXCLUDED.state, content_type = EXCLUDED.content_type,
            result = EXCLUDED.result, traceback = NULL, date_done = EXCLUDED.date_done
 ), history AS (
-    INSERT INTO {schema}.attempts (task_id, attempt, worker, started_at, outcome)
+    INSERT INTO {schema}.attempts (task_id, attempt, worker, started_at, outcome, error)
     SELECT d.id, d.attempt, %(worker)s, d.started_at,
            CASE WHEN d.status = 'COMPLETED' AND d.state = 'IGNORED' THEN 'ignored'
-                ELSE lower(d.status) END
+                ELSE lower(d.status) END,
+           d.error
       FROM done AS d
     ON CONFLICT DO NOTHING
 )
@@ -306,12 +310,17 @@ WITH input AS (
 ), done AS (
     UPDATE {schema}.tasks AS t
        SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE i.status END,
-           error = i.error, traceback = i.traceback,
+           error = CASE WHEN t.cancel_requested
+                        THEN 'revoked while running'
+                             || COALESCE(' by ' || (t.headers ->> 'revoked_by'), '')
+                             || COALESCE('; ' || i.error, '')
+                        ELSE i.error END,
+           traceback = i.traceback,
            claimed_by = NULL, lease_until = NULL, updated_at = now()
       FROM owned JOIN input AS i USING (id)
      WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = owned.id AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
-    RETURNING t.id, t.attempt, t.status
+    RETURNING t.id, t.attempt, t.status, t.error
 ), saved AS (
     INSERT INTO {schema}.results AS r (task_id, state, content_type, result, traceback, date_done)
     SELECT d.id, CASE d.status WHEN 'CANCELLED' THEN 'REVOKED' ELSE 'FAILURE' END,
@@ -324,7 +333,7 @@ WITH input AS (
 ), history AS (
     INSERT INTO {schema}.attempts (task_id, attempt, worker, started_at, outcome, error)
     SELECT d.id, d.attempt, %(worker)s, now() - make_interval(secs => i.started_ago),
-           lower(d.status), i.error
+           lower(d.status), d.error
       FROM done AS d JOIN input AS i USING (id)
     ON CONFLICT DO NOTHING
 )
@@ -494,14 +503,42 @@ SELECT now() AS now
 
 -- name: revoke
 -- Cancel a task: PENDING becomes CANCELLED at once; RUNNING gets cancel_requested, which blocks a
--- SUCCESS write and reaches the worker with its next renewal.
-UPDATE {schema}.tasks
-   SET status = CASE WHEN status = 'PENDING' THEN 'CANCELLED' ELSE status END,
-       cancel_requested = true,
-       error = CASE WHEN status = 'PENDING' THEN 'revoked' ELSE error END,
-       updated_at = now()
- WHERE id = %(id)s AND status IN ('PENDING', 'RUNNING')
-RETURNING status
+-- SUCCESS write. Its worker hears of it by NOTIFY on the cancel channel ("<id> <signal>", sent
+-- at commit), and from its next renewal should that be lost. The signal to stop the task with
+-- (terminate=True) stays in the headers for the renewal's path; revoked_by names who asked
+-- (the caller's name for itself, else its source: the app's task_source or its role).
+WITH who AS (
+    SELECT COALESCE(%(by)s::text, NULLIF(current_setting('pgtasks.source', true), ''),
+                    current_user::text) AS name
+), revoked AS (
+    UPDATE {schema}.tasks
+       SET status = CASE WHEN status = 'PENDING' THEN 'CANCELLED' ELSE status END,
+           cancel_requested = true,
+           error = CASE WHEN status = 'PENDING' THEN 'revoked by ' || who.name ELSE error END,
+           headers = CASE WHEN status = 'RUNNING' AND jsonb_typeof(headers) = 'object'
+                          THEN headers || jsonb_strip_nulls(jsonb_build_object(
+                                   'revoked_by', who.name,
+                                   'revoke_signal', %(signal)s::text))
+                          ELSE headers END,
+           updated_at = now()
+      FROM who
+     WHERE id = %(id)s AND status IN ('PENDING', 'RUNNING')
+    RETURNING id, status
+)
+SELECT status,
+       CASE WHEN status = 'RUNNING'
+            THEN pg_notify(%(channel)s, id || ' ' || COALESCE(%(signal)s::text, '')) END
+  FROM revoked
+
+-- name: revoke_signal
+-- The signal a revoke of a running task asked to stop it with (terminate=True), if any.
+SELECT headers ->> 'revoke_signal' AS signal
+  FROM {schema}.tasks
+ WHERE id = %(id)s AND cancel_requested AND jsonb_typeof(headers) = 'object'
+
+-- name: cancel_requested
+-- Whether a task was revoked (AbortableTask.is_aborted, Request.cancelled).
+SELECT cancel_requested FROM {schema}.tasks WHERE id = %(id)s
 
 -- name: get_result
 -- What AsyncResult needs: the live row (if still there) and the stored result (if kept).

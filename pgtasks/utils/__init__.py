@@ -19,3 +19,17 @@ def uuid() -> str:
 
 #: Celery's older name for :func:`uuid`.
 gen_unique_id = uuid
+
+
+def parse_signal(name: str | int) -> int:
+    """A signal by name (``"SIGTERM"``, ``"TERM"``) or number, as ``revoke(signal=...)`` takes
+    it; ValueError for one this platform does not have."""
+    import signal
+
+    text = str(name).strip().upper()
+    try:
+        if text.isdigit():
+            return int(signal.Signals(int(text)))
+        return int(signal.Signals[text if text.startswith("SIG") else "SIG" + text])
+    except (KeyError, ValueError):
+        raise ValueError(f"unknown signal {name!r}") from None

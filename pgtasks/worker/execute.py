@@ -58,6 +58,28 @@ IGNORED = "ignored"
 LOST = "lost"  # the process running it died
 
 
+class CancelCheck:
+    """Whether a running task was revoked, asked of the database at most every ``INTERVAL``
+    seconds (a task may check in a tight loop); once revoked, always revoked."""
+
+    INTERVAL = 0.5
+
+    def __init__(self, app: Celery, task_id: str) -> None:
+        self.app = app
+        self.task_id = task_id
+        self.revoked = False
+        self._next = 0.0
+
+    def __call__(self) -> bool:
+        if self.revoked:
+            return True
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + self.INTERVAL
+            self.revoked = self.app.broker.cancel_requested(self.task_id)
+        return self.revoked
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What running a Job produced."""
@@ -124,6 +146,7 @@ def _execute(app: Celery, job: Job) -> Outcome:
         group=job.headers.get("group"),
         headers=job.headers,
         max_retries=job.max_retries,
+        cancel_check=CancelCheck(app, job.id),
     )
     task.push_request(request)
     push_task(task)

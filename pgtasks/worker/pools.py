@@ -25,7 +25,7 @@ import structlog
 
 from pgtasks import signals
 from pgtasks.worker import timelimits
-from pgtasks.worker.execute import LOST, Job, Outcome, execute
+from pgtasks.worker.execute import FAILURE, LOST, Job, Outcome, execute
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -86,6 +86,11 @@ class Pool:
 
     def stop(self, wait: bool) -> None:
         """Stop; ``wait`` lets running tasks finish first."""
+
+    def terminate(self, task_id: str, signum: int) -> bool:
+        """Stop the running task ``task_id`` with signal ``signum`` (``revoke(terminate=True)``);
+        False where this pool cannot (a thread cannot be stopped from outside)."""
+        return False
 
 
 class ThreadPool(Pool):
@@ -189,6 +194,8 @@ class _Child:
         self.submitted = 0.0
         self.timed_out = False
         self.tasks = 0
+        # The signal a revoke stopped this child's job with (revoke(terminate=True)).
+        self.revoked: int | None = None
 
 
 def _child_main(app: Celery, conn: mpc.Connection) -> None:
@@ -285,10 +292,23 @@ class PreforkPool(Pool):
             with contextlib.suppress(BrokenPipeError, OSError):
                 child.conn.send(job)
 
+    def terminate(self, task_id: str, signum: int) -> bool:
+        with self._lock:
+            child = next((c for c in self._children if c.job and c.job.id == task_id), None)
+            pid = child.process.pid if child is not None else None
+            if child is None or not pid:
+                return False
+            child.revoked = signum
+        log.warning("task.terminating", task_id=task_id, signal=signal.Signals(signum).name)
+        with contextlib.suppress(OSError):
+            os.kill(pid, signum)
+        return True
+
     def _finish(self, child: _Child, outcome: Outcome) -> None:
         done = child.done
         with self._lock:
             child.job, child.done, child.deadline = None, None, None
+            child.revoked = None
             self._busy -= 1
         # The child's next job first: it runs while this outcome is passed on.
         self._dispatch()
@@ -383,6 +403,21 @@ class PreforkPool(Pool):
             # Killed by the parent at the hard limit: the task failed; the worker is fine.
             self._finish(
                 child, timelimits.hard_limit_outcome(self.app, job, job.time_limit, child.submitted)
+            )
+        elif job is not None and child.revoked is not None:
+            # Stopped by a revoke: the task ends CANCELLED (its row was flagged before the
+            # signal was sent), not as a lost worker to run again.
+            name = signal.Signals(child.revoked).name
+            self._finish(
+                child,
+                Outcome(
+                    job.id,
+                    job.attempt,
+                    FAILURE,
+                    child.submitted,
+                    time.time() - child.submitted,
+                    error=f"Terminated: revoked, and its process stopped with {name}",
+                ),
             )
         elif job is not None:
             log.error("pool.child_lost", task_id=job.id, task_name=job.name, exitcode=code)

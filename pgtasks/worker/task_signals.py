@@ -141,10 +141,17 @@ def retry(
         )
 
 
-def revoked(app: Celery, row: ClaimedTask, hostname: str, *, expired: bool) -> None:
+def revoked(
+    app: Celery,
+    row: ClaimedTask,
+    hostname: str,
+    *,
+    expired: bool,
+    signum: int | None = None,
+) -> None:
     """``task_revoked`` from the worker's main process: the row expired before it ran, or was
-    cancelled while it ran (pgtasks never terminates a running task, so ``terminated`` is
-    False)."""
+    cancelled while it ran (``signum``: the signal its process was stopped with, for
+    ``revoke(terminate=True)`` on the prefork pool)."""
     if not signals.task_revoked.receivers:
         return
     request = Request(
@@ -166,8 +173,8 @@ def revoked(app: Celery, row: ClaimedTask, hostname: str, *, expired: bool) -> N
     signals.task_revoked.send(
         sender=app.tasks.get(row.name),
         request=request,
-        terminated=False,
-        signum=None,
+        terminated=signum is not None,
+        signum=signum,
         expired=expired,
     )
 

@@ -20,7 +20,7 @@ import psycopg
 import structlog
 
 from pgtasks import migrate as migrations
-from pgtasks import ratelimits, signals
+from pgtasks import ratelimits, signals, utils
 from pgtasks.broker import Failure, Release, RetryAt, Success
 from pgtasks.canvas import chord_body_builder, chord_member, register_builtins
 from pgtasks.exceptions import NotRegistered
@@ -54,6 +54,8 @@ class InFlight:
     started: datetime | None = None
     lost: bool = False
     cancel_requested: bool = False
+    #: The signal its process was stopped with (revoke(terminate=True), prefork).
+    terminated: int | None = None
     # The outcome is queued for the completer, whose fenced write reports a lost lease itself.
     finishing: bool = False
 
@@ -170,7 +172,9 @@ class Worker:
         if self.beat:
             threads.append(BeatService(Scheduler(app)))
         if self.listen:
-            self.listener = Listener(broker, set(self.queues), self._wake)
+            self.listener = Listener(
+                broker, set(self.queues), self._wake, on_cancel=self._notified_cancel
+            )
             threads.append(self.listener)
         for thread in threads:
             thread.start()
@@ -575,13 +579,17 @@ class Worker:
             )
         elif o.kind == ex.FAILURE:
             status = Status.DEAD if o.retries_exhausted else Status.FAILED
-            tlog.error(
-                "task.dead_lettered" if status == Status.DEAD else "task.failed",
-                error=o.error,
-                duration=round(o.runtime, 6),
-                args=row.headers.get("argsrepr"),
-                kwargs=row.headers.get("kwargsrepr"),
-            )
+            if entry.terminated is not None:
+                # Stopped by revoke(terminate=True): the write below records it CANCELLED.
+                tlog.info("task.terminated", error=o.error, duration=round(o.runtime, 6))
+            else:
+                tlog.error(
+                    "task.dead_lettered" if status == Status.DEAD else "task.failed",
+                    error=o.error,
+                    duration=round(o.runtime, 6),
+                    args=row.headers.get("argsrepr"),
+                    kwargs=row.headers.get("kwargsrepr"),
+                )
             final = Failure(
                 row.id,
                 row.attempt,
@@ -720,7 +728,9 @@ class Worker:
         elif entry is not None and status == Status.CANCELLED and not isinstance(item, Release):
             self.log.info("task.cancelled", task_id=item.id, task_name=entry.task.name)
             self.metrics.finished(entry.task.name, entry.task.queue, "revoked", 0.0)
-            task_signals.revoked(self.app, entry.task, self.id, expired=False)
+            task_signals.revoked(
+                self.app, entry.task, self.id, expired=False, signum=entry.terminated
+            )
 
     def _claim_of(self, task_id: str, attempt: int) -> InFlight | None:
         """The in-flight entry of that very claim (call with the lock held). A row can be
@@ -761,12 +771,49 @@ class Worker:
         )
 
     def _cancel(self, task_id: str) -> None:
+        """A renewal found ``task_id`` revoked (the fallback for a lost notification)."""
+        if self._flag_cancelled(task_id, "renewal"):
+            signal_name = self.app.broker.revoke_signal(task_id)
+            if signal_name:
+                self._terminate(task_id, signal_name)
+
+    def _notified_cancel(self, task_id: str, signal_name: str | None) -> None:
+        """The cancel channel says ``task_id`` was revoked (for whichever worker runs it)."""
+        if self._flag_cancelled(task_id, "notify") and signal_name:
+            self._terminate(task_id, signal_name)
+
+    def _flag_cancelled(self, task_id: str, via: str) -> bool:
+        """Mark a running task revoked; True the first time (it runs here, not finished)."""
         with self._lock:
             entry = self._inflight.get(task_id)
-            if entry is None or entry.cancel_requested:
-                return
+            if entry is None or entry.cancel_requested or entry.finishing:
+                return False
             entry.cancel_requested = True
-        self.log.info("task.cancel_requested", task_id=task_id)
+        self.log.info("task.cancel_requested", task_id=task_id, via=via)
+        return True
+
+    def _terminate(self, task_id: str, signal_name: str) -> None:
+        """``revoke(terminate=True)``: stop the task's process where the pool has one."""
+        try:
+            signum = utils.parse_signal(signal_name)
+        except ValueError as exc:
+            self.log.warning("task.terminate_refused", task_id=task_id, error=str(exc))
+            return
+        with self._lock:
+            entry = self._inflight.get(task_id)
+            if entry is not None:
+                entry.terminated = signum
+        if not self.pool.terminate(task_id, signum):
+            with self._lock:
+                if entry is not None:
+                    entry.terminated = None
+            self.log.warning(
+                "task.terminate_unsupported",
+                task_id=task_id,
+                pool=self.pool.name,
+                hint="only the prefork pool can stop a running task; here it runs to its end, "
+                "cannot record success, and sees request.cancelled",
+            )
 
     # -- stopping ------------------------------------------------------------------------------
 

@@ -1,0 +1,178 @@
+"""Cancelling running tasks against a real PostgreSQL: a revoke reaches the worker by NOTIFY (its
+lease renewal is the fallback), the task sees it cooperatively, ``terminate=True`` stops a
+prefork child, and the task ends REVOKED with the canceller in its history."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgtasks import Celery
+from pgtasks.contrib.abortable import AbortableAsyncResult, AbortableTask
+from tests.apps.harness import attempts, one, status, wait_until
+
+LONG_LEASE = 60.0  # renewals every 20 s: anything sooner came by NOTIFY
+
+
+def started(db: psycopg.Connection[Any], task_id: str) -> bool:
+    return status(db, task_id) == "RUNNING"
+
+
+def test_a_running_task_sees_its_revoke_and_ends_revoked(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: Any
+) -> None:
+    seen = threading.Event()
+
+    @app.task(name="cancel.loop", bind=True)
+    def loop(self: Any) -> str:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.request.cancelled:
+                seen.set()
+                return "stopped early"
+            time.sleep(0.02)
+        return "ran to the end"
+
+    with worker_factory(lease=LONG_LEASE) as worker:
+        result = loop.delay()
+        wait_until(lambda: started(db, result.id), what="the task to start")
+        result.revoke()
+        assert seen.wait(10)
+        wait_until(lambda: status(db, result.id) == "CANCELLED", what="the task to end")
+        # The worker heard of it from the notification, long before a renewal.
+        assert worker._inflight.get(result.id) is None
+    assert result.state == "REVOKED"
+    row = one(db, "SELECT error FROM tasks WHERE id = %s", (result.id,))
+    assert row["error"].startswith("revoked while running by ")
+    ((attempt, _, outcome),) = attempts(db, result.id)
+    assert (attempt, outcome) == (1, "cancelled")
+    history = one(db, "SELECT error FROM attempts WHERE task_id = %s", (result.id,))
+    assert history["error"] == row["error"]
+
+
+def test_the_worker_learns_of_a_revoke_by_notify_within_a_second(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: Any
+) -> None:
+    release = threading.Event()
+
+    @app.task(name="cancel.wait")
+    def wait() -> None:
+        release.wait(30)
+
+    with worker_factory(lease=LONG_LEASE) as worker:
+        result = wait.delay()
+        wait_until(lambda: result.id in worker._inflight, what="the task to start")
+        entry = worker._inflight[result.id]
+        result.revoke()
+        wait_until(lambda: entry.cancel_requested, timeout=5, what="the worker to hear of it")
+        release.set()
+        wait_until(lambda: status(db, result.id) == "CANCELLED", what="the task to end")
+    assert result.state == "REVOKED"
+
+
+def test_a_lost_notification_is_made_up_by_the_next_renewal(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: Any
+) -> None:
+    release = threading.Event()
+
+    @app.task(name="cancel.wait")
+    def wait() -> None:
+        release.wait(30)
+
+    with worker_factory(listen=False) as worker:  # no LISTEN: renewals only (lease 2 s)
+        result = wait.delay()
+        wait_until(lambda: result.id in worker._inflight, what="the task to start")
+        entry = worker._inflight[result.id]
+        result.revoke()
+        wait_until(lambda: entry.cancel_requested, timeout=10, what="a renewal to report it")
+        release.set()
+        wait_until(lambda: status(db, result.id) == "CANCELLED", what="the task to end")
+
+
+@pytest.mark.parametrize("listen", [True, False], ids=["notify", "renewal"])
+def test_terminate_stops_the_prefork_child_and_the_worker_goes_on(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: Any, listen: bool
+) -> None:
+    @app.task(name="cancel.hang")
+    def hang() -> None:
+        time.sleep(60)
+
+    @app.task(name="cancel.add")
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    lease = LONG_LEASE if listen else 2.0
+    with worker_factory(pool="prefork", concurrency=1, lease=lease, listen=listen):
+        result = hang.delay()
+        wait_until(lambda: started(db, result.id), what="the task to start")
+        app.control.revoke(result.id, terminate=True, signal="SIGKILL")
+        wait_until(lambda: status(db, result.id) == "CANCELLED", timeout=15, what="the stop")
+        # Never run again, and the pool has a child for the next task.
+        assert add.delay(2, 3).get(timeout=15) == 5
+    assert result.state == "REVOKED"
+    ((attempt, _, outcome),) = attempts(db, result.id)
+    assert (attempt, outcome) == (1, "cancelled")
+    row = one(db, "SELECT error FROM attempts WHERE task_id = %s", (result.id,))
+    assert row["error"].startswith("revoked while running by ")
+    assert row["error"].endswith("; Terminated: revoked, and its process stopped with SIGKILL")
+
+
+def test_terminate_on_a_thread_pool_flags_the_task_and_says_why_it_cannot_stop_it(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: Any
+) -> None:
+    @app.task(name="cancel.loop", bind=True)
+    def loop(self: Any) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not self.request.cancelled:
+            time.sleep(0.02)
+
+    with worker_factory(lease=LONG_LEASE):
+        result = loop.delay()
+        wait_until(lambda: started(db, result.id), what="the task to start")
+        result.revoke(terminate=True)
+        wait_until(lambda: status(db, result.id) == "CANCELLED", timeout=15, what="the end")
+    assert result.state == "REVOKED"
+
+
+def test_a_revoke_with_an_unknown_signal_is_refused(
+    app: Celery, db: psycopg.Connection[Any]
+) -> None:
+    @app.task(name="cancel.add")
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    result = add.delay(1, 2)
+    with pytest.raises(ValueError, match="unknown signal 'SIGNOPE'"):
+        result.revoke(terminate=True, signal="SIGNOPE")
+    assert status(db, result.id) == "PENDING"  # nothing changed
+
+
+def test_abortable_tasks_as_in_celery(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: Any
+) -> None:
+    @app.task(name="cancel.crunch", bind=True, base=AbortableTask)
+    def crunch(self: Any, rows: int) -> str:
+        for _ in range(rows):
+            if self.is_aborted():
+                return "aborted"
+            time.sleep(0.02)
+        return "done"
+
+    with worker_factory(lease=LONG_LEASE):
+        result = crunch.delay(1500)
+        assert isinstance(result, AbortableAsyncResult)
+        wait_until(lambda: started(db, result.id), what="the task to start")
+        assert not result.is_aborted()
+        result.abort()
+        assert result.is_aborted()
+        assert crunch.is_aborted(task_id=result.id)
+        wait_until(lambda: status(db, result.id) == "CANCELLED", timeout=15, what="the end")
+        # A waiting one never runs.
+        later = crunch.apply_async((1,), countdown=3600)
+        AbortableAsyncResult(later.id, app=app).abort()
+        assert status(db, later.id) == "CANCELLED"
+    assert result.state == "REVOKED"
