@@ -514,11 +514,13 @@ WITH who AS (
     UPDATE {schema}.tasks
        SET status = CASE WHEN status = 'PENDING' THEN 'CANCELLED' ELSE status END,
            cancel_requested = true,
-           error = CASE WHEN status = 'PENDING' THEN 'revoked by ' || who.name ELSE error END,
-           headers = CASE WHEN status = 'RUNNING' AND jsonb_typeof(headers) = 'object'
+           -- Celery's message: AsyncResult.get() raises TaskRevokedError('revoked').
+           error = CASE WHEN status = 'PENDING' THEN 'revoked' ELSE error END,
+           headers = CASE WHEN jsonb_typeof(headers) = 'object'
                           THEN headers || jsonb_strip_nulls(jsonb_build_object(
                                    'revoked_by', who.name,
-                                   'revoke_signal', %(signal)s::text))
+                                   'revoke_signal', CASE WHEN status = 'RUNNING'
+                                                         THEN %(signal)s::text END))
                           ELSE headers END,
            updated_at = now()
       FROM who
