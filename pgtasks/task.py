@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import dataclasses
 import inspect
 import reprlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+_T = TypeVar("_T")
 
 
 class Task(Generic[P, R]):
@@ -119,11 +122,13 @@ class Task(Generic[P, R]):
         self._local.stack.pop()
 
     def run(self, *args: Any, **kwargs: Any) -> R:
-        """Run the task body with ``autoretry_for`` applied; the worker calls this."""
+        """Run the task body with ``autoretry_for`` applied; the worker calls this. An
+        ``async def`` body runs to its end on an event loop of its own."""
         try:
-            if self.bind:
-                return self.fun(self, *args, **kwargs)
-            return self.fun(*args, **kwargs)
+            value = self.fun(self, *args, **kwargs) if self.bind else self.fun(*args, **kwargs)
+            if inspect.iscoroutine(value):
+                value = run_coroutine(value)
+            return value
         except exceptions.Retry:
             raise
         except self.autoretry_for as exc:
@@ -698,6 +703,18 @@ class Task(Generic[P, R]):
     def AsyncResult(self, task_id: str, **kwargs: Any) -> AsyncResult:
         """The result handle of a call of this task (Celery's ``Task.AsyncResult``)."""
         return self.app.AsyncResult(task_id, task_name=self.name)
+
+
+def run_coroutine(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run an ``async def`` task's coroutine to its end and return its value: on a new event
+    loop in this thread, or, where this thread already runs one (an eager call from async
+    code), on a new loop in a thread of its own while this one waits."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pgtasks-eager") as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def _seconds(what: str, value: Any) -> float:

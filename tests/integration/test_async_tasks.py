@@ -1,0 +1,85 @@
+"""``async def`` tasks run to their end on every pool (one at a time per slot, each on an event
+loop of its own), with retries, failures and ``self.request`` as for plain functions."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgtasks import Celery
+from tests.apps.harness import attempts
+
+
+class Flaky(Exception):
+    pass
+
+
+@pytest.fixture
+def tasks(app: Celery) -> dict[str, Any]:
+    seen: dict[str, int] = {}
+
+    @app.task(name="aio.add")
+    async def add(a: int, b: int) -> int:
+        await asyncio.sleep(0.01)
+        return a + b
+
+    @app.task(name="aio.whoami", bind=True)
+    async def whoami(self: Any) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        return {"id": self.request.id, "cancelled": self.request.cancelled}
+
+    @app.task(name="aio.flaky", autoretry_for=(Flaky,), retry_kwargs={"countdown": 0})
+    async def flaky(key: str) -> int:
+        await asyncio.sleep(0)
+        seen[key] = seen.get(key, 0) + 1
+        if seen[key] == 1:
+            raise Flaky("first time")
+        return seen[key]
+
+    @app.task(name="aio.boom")
+    async def boom() -> None:
+        await asyncio.sleep(0)
+        raise ValueError("boom")
+
+    return {"add": add, "whoami": whoami, "flaky": flaky, "boom": boom}
+
+
+@pytest.mark.parametrize("pool", ["threads", "prefork", "solo"])
+def test_async_tasks_run_on_every_pool(
+    app: Celery, tasks: dict[str, Any], worker_factory: Any, pool: str
+) -> None:
+    with worker_factory(pool=pool, concurrency=1 if pool != "threads" else 2):
+        results = [tasks["add"].delay(i, i) for i in range(5)]
+        assert [r.get(timeout=15) for r in results] == [0, 2, 4, 6, 8]
+        me = tasks["whoami"].delay()
+        assert me.get(timeout=15) == {"id": me.id, "cancelled": False}
+
+
+def test_an_async_task_retries_and_fails_like_a_plain_one(
+    app: Celery, db: psycopg.Connection[Any], tasks: dict[str, Any], worker_factory: Any
+) -> None:
+    with worker_factory(pool="threads"):
+        retried = tasks["flaky"].delay("k")
+        assert retried.get(timeout=15) == 2
+        failed = tasks["boom"].delay()
+        with pytest.raises(ValueError, match="boom"):
+            failed.get(timeout=15)
+    history = [outcome for _, _, outcome in attempts(db, retried.id)]
+    assert len(history) == 2 and history[-1] == "completed", history
+    assert failed.state == "FAILURE"
+
+
+def test_an_eager_async_task_runs_even_inside_a_running_event_loop(
+    app: Celery, tasks: dict[str, Any]
+) -> None:
+    app.conf.task_always_eager = True
+    assert tasks["add"].delay(2, 3).get() == 5
+
+    async def endpoint() -> int:
+        # As a web handler would: .delay() from async code, with eager calls in tests.
+        return int(tasks["add"].delay(4, 5).get())
+
+    assert asyncio.run(endpoint()) == 9
