@@ -79,6 +79,18 @@ _ADAPTERS.register_loader("timestamptz", _TimestamptzBinaryLoader)
 _HEADERS_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
+# Forks of this process so far, as seen by the child (a pool is never shared across a fork).
+_forks = [0]
+
+
+def _forked() -> None:
+    _forks[0] += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
 def notify_channel(schema: str) -> str:
     """The LISTEN/NOTIFY channel that announces due tasks for ``schema``."""
     return f"pgtasks_{schema}"[:63]
@@ -189,6 +201,7 @@ class Broker:
         self.connect_timeout = connect_timeout
         self._pool: ConnectionPool | None = None
         self._pool_pid = 0
+        self._pool_forks = -1
         self._inherited: list[ConnectionPool] = []
         self._lock = threading.Lock()
 
@@ -211,7 +224,9 @@ class Broker:
     @property
     def pool(self) -> ConnectionPool:
         """The process's connection pool, opened on first use (and again after a fork)."""
-        if self._pool is None or self._pool_pid != os.getpid():
+        # The fork count, not os.getpid(), on the hot path: a system call per statement costs
+        # microseconds on some virtual machines.
+        if self._pool is None or self._pool_forks != _forks[0]:
             with self._lock:
                 if self._pool is None or self._pool_pid != os.getpid():
                     if self._pool is not None:
@@ -228,6 +243,7 @@ class Broker:
                     )
                     self._pool.open(wait=False)
                     self._pool_pid = os.getpid()
+                    self._pool_forks = _forks[0]
         return self._pool
 
     @contextmanager
@@ -299,9 +315,15 @@ class Broker:
         for attempt in range(1, self.STALE_RETRIES + 2):
             used: psycopg.Connection[Any] | None = None
             try:
-                with self.pool.connection(timeout=self.connect_timeout) as c:
-                    used = c
+                # getconn/putconn rather than pool.connection(): no generator, no commit of an
+                # autocommit connection, no usage statistics; putconn still resets or replaces a
+                # connection left in a bad state.
+                pool = self.pool
+                c = used = pool.getconn(timeout=self.connect_timeout)
+                try:
                     return run(c)
+                finally:
+                    pool.putconn(c)
             except errors.UniqueViolation:
                 if attempt > 1 and name in _INSERTS:
                     # The first attempt committed before its connection broke.

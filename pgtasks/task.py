@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from pgtasks.app import Celery
     from pgtasks.canvas import Signature
+    from pgtasks.config import Settings
     from pgtasks.effects import Effect
     from pgtasks.message import TaskMessage
     from pgtasks.result import AsyncResult
@@ -262,7 +263,8 @@ class Task(Generic[P, R]):
     ) -> AsyncResult:
         """Enqueue a call. ``eta``/``countdown`` set when it may run, ``expires`` when it stops
         being worth running; ``connection`` enqueues inside that connection's transaction."""
-        if self.app.settings.always_eager:
+        settings = self.app.settings  # checked once per call: it compares the whole conf
+        if settings.always_eager:
             return self.apply(args, kwargs, task_id=task_id)
         with tracing.producer(self.name) as inject:
             msg, holder = self._publish(
@@ -280,6 +282,7 @@ class Task(Generic[P, R]):
                 serializer=serializer,
                 ignore_result=ignore_result,
                 max_retries=max_retries,
+                _settings=settings,
                 **options,
             )
         result = self.AsyncResult(holder)
@@ -422,13 +425,14 @@ class Task(Generic[P, R]):
         serializer: str | None = None,
         ignore_result: bool | None = None,
         max_retries: int | None = None,
+        _settings: Settings | None = None,
         **options: Any,
     ) -> Callable[[Sequence[Any] | None, dict[str, Any] | None, str | None], TaskMessage]:
         """Check the calling options once; the function returned builds the row of one call
         ``(args, kwargs, task_id)`` with them (``apply_many`` calls it for every item)."""
         from pgtasks.message import TaskMessage
 
-        settings = self.app.settings
+        settings = _settings if _settings is not None else self.app.settings
         serializer = serializer or self.serializer or settings.task_serializer
         if countdown is not None and eta is not None:
             raise ValueError("give eta or countdown, not both")
