@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, tzinfo
 from datetime import timezone as dt_timezone
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 from zoneinfo import ZoneInfo
 
 from pgtasks import config, embedded, routing, serialization, transaction
@@ -22,6 +22,9 @@ from pgtasks.broker import Broker
 from pgtasks.exceptions import ImproperlyConfigured, NotRegistered
 from pgtasks.result import AsyncResult
 from pgtasks.task import Task
+
+if TYPE_CHECKING:
+    from pgtasks.aio import AsyncBroker
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -179,6 +182,7 @@ class Celery:
         self._settings: config.Settings | None = None
         self._settings_key: tuple[tuple[str, str], ...] | None = None
         self._broker: Broker | None = None
+        self._async_broker: AsyncBroker | None = None
         self._lock = threading.Lock()
         self._shared_bound = 0
         self._discover_later: list[str] = []
@@ -295,11 +299,29 @@ class Celery:
         """
         return transaction.bind(self, connection)
 
+    @property
+    def async_broker(self) -> AsyncBroker:
+        """The asyncio side of the broker (``delay_async``, ``get_async``): one async pool per
+        event loop, opened on first use."""
+        broker = self.broker
+        current = self._async_broker
+        if current is None or current.broker is not broker:
+            from pgtasks.aio import AsyncBroker
+
+            current = self._async_broker = AsyncBroker(broker)
+        return current
+
+    async def close_async(self) -> None:
+        """Close the async pool of the running event loop (the sync pool stays open)."""
+        if self._async_broker is not None:
+            await self._async_broker.close()
+
     def close(self) -> None:
         """Close the connection pool."""
         if self._broker is not None:
             self._broker.close()
             self._broker = None
+        self._async_broker = None
 
     def decode_result(self, data: bytes, content_type: str, content_encoding: str) -> Any:
         """A stored result, refused unless its content type is accepted: Celery's

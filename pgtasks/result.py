@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import contextlib
 import os
@@ -94,7 +95,9 @@ class AsyncResult:
     def _meta(self) -> dict[str, Any]:
         if self._cache is not None:
             return self._cache
-        row = self.app.broker.get_result(self.id)
+        return self._meta_of(self.app.broker.get_result(self.id))
+
+    def _meta_of(self, row: dict[str, Any] | None) -> dict[str, Any]:
         meta: dict[str, Any] = {
             "state": states.PENDING,
             "result": None,
@@ -210,6 +213,34 @@ class AsyncResult:
         return meta["result"]
 
     wait = get
+
+    async def get_async(
+        self, timeout: float | None = None, propagate: bool = True, interval: float = 0.05
+    ) -> Any:
+        """``get`` for asyncio code: waits without blocking the event loop, reading the result
+        on psycopg's async connections (polling from 10 ms, backing off to ``interval`` or 0.5 s,
+        whichever is more). Raises ``TimeoutError`` after ``timeout`` seconds."""
+        if self.ignored:
+            return None
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        pause = 0.01
+        broker = self.app.async_broker
+        while True:
+            meta = self._meta_of(await broker.get_result(self.id))
+            if meta["state"] in states.READY_STATES:
+                break
+            if deadline is not None and loop.time() >= deadline:
+                raise TimeoutError("The operation timed out.")
+            wait = pause if deadline is None else min(pause, max(0.0, deadline - loop.time()))
+            await asyncio.sleep(wait)
+            pause = min(pause * 1.5, max(interval, 0.5))
+        if propagate and meta["state"] in states.PROPAGATE_STATES:
+            exc = meta["result"]
+            if isinstance(exc, BaseException):
+                raise exc
+            raise Exception(exc)
+        return meta["result"]
 
     def maybe_throw(self, propagate: bool = True, callback: Any = None) -> None:
         """Raise this task's exception if it failed (or was revoked)."""

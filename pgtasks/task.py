@@ -704,6 +704,43 @@ class Task(Generic[P, R]):
             raise ret
         return ret
 
+    async def delay_async(self, *args: Any, **kwargs: Any) -> AsyncResult:
+        """``delay`` for asyncio code: the row is committed when the await returns, and the
+        event loop is never blocked (psycopg's async connections)."""
+        return await self.apply_async_async(args, kwargs)
+
+    async def apply_async_async(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        *,
+        task_id: str | None = None,
+        connection: psycopg.AsyncConnection[Any] | None = None,
+        **options: Any,
+    ) -> AsyncResult:
+        """``apply_async`` for asyncio code, with the same options. ``connection`` takes a
+        psycopg ``AsyncConnection``: the row is written in its transaction."""
+        settings = self.app.settings
+        if settings.always_eager:
+            return self.apply(args, kwargs, task_id=task_id)
+        from psycopg import AsyncConnection
+
+        if connection is not None and not isinstance(connection, AsyncConnection):
+            raise TypeError(
+                "apply_async_async(connection=) takes a psycopg AsyncConnection; "
+                "use apply_async for a sync one"
+            )
+        with tracing.producer(self.name) as inject:
+            msg = self.build_message(args, kwargs, task_id=task_id, _settings=settings, **options)
+            inject(msg.headers, msg.queue)
+            signals.send_before_publish(msg, args, kwargs)
+            holder = await self.app.async_broker.enqueue(msg, connection)
+            if holder == msg.id:
+                signals.send_after_publish(msg, args, kwargs)
+        result = self.AsyncResult(holder)
+        result.ignored = bool(msg.headers.get("ignore_result"))
+        return result
+
     def AsyncResult(self, task_id: str, **kwargs: Any) -> AsyncResult:
         """The result handle of a call of this task (Celery's ``Task.AsyncResult``)."""
         return self.app.AsyncResult(task_id, task_name=self.name)

@@ -1,0 +1,110 @@
+"""The producer's side for asyncio applications: enqueue and wait for results without blocking
+the event loop, on psycopg's async connections.
+
+``await task.delay_async(...)``, ``await task.apply_async_async(...)`` and
+``await result.get_async(timeout=)`` use one ``AsyncConnectionPool`` per app and event loop,
+opened on first use (a pool belongs to the loop it was opened on). The statements are the
+sync broker's own (``pgtasks/sql/queries.sql``), so rows, unique keys and errors are the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg.rows import dict_row, tuple_row
+from psycopg_pool import AsyncConnectionPool
+
+from pgtasks.broker import Broker, Row, _storage_errors
+from pgtasks.exceptions import PgTasksError
+
+if TYPE_CHECKING:
+    from pgtasks.message import TaskMessage
+
+
+class AsyncBroker:
+    """The statements a producer needs, on an async pool of the loop that awaits them."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        # A pool is bound to the loop it was opened on; a closed loop drops its entry.
+        self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncConnectionPool] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def pool(self) -> AsyncConnectionPool:
+        loop = asyncio.get_running_loop()
+        pool = self._pools.get(loop)
+        if pool is None:
+            b = self.broker
+            pool = AsyncConnectionPool(
+                b.dsn,
+                min_size=1,
+                max_size=b.max_size,
+                kwargs=b._conn_kwargs(),
+                open=False,
+                name="pgtasks-async",
+            )
+            self._pools[loop] = pool
+            await pool.open(wait=False)
+        return pool
+
+    async def close(self) -> None:
+        """Close the pool of the running loop (if it has one)."""
+        pool = self._pools.pop(asyncio.get_running_loop(), None)
+        if pool is not None:
+            await pool.close()
+
+    async def _all(
+        self,
+        name: str,
+        params: dict[str, Any],
+        conn: psycopg.AsyncConnection[Any] | None = None,
+        row_factory: Any = dict_row,
+    ) -> list[Any]:
+        query = self.broker.q[name]
+        if conn is not None:
+            async with conn.cursor(row_factory=row_factory) as cur:
+                await cur.execute(query, params)
+                return await cur.fetchall() if cur.description else []
+        pool = await self.pool()
+        async with (
+            pool.connection(timeout=self.broker.connect_timeout) as c,
+            c.cursor(row_factory=row_factory) as cur,
+        ):
+            await cur.execute(query, params)
+            return await cur.fetchall() if cur.description else []
+
+    async def enqueue(
+        self, msg: TaskMessage, conn: psycopg.AsyncConnection[Any] | None = None
+    ) -> str:
+        """``Broker.enqueue`` without blocking the loop: the id of the task holding the call."""
+        params = self.broker._params(msg)
+        with _storage_errors(msg.id):
+            unique = msg.unique
+            if unique is None:
+                await self._all("insert_task", params, conn)
+                return msg.id
+            params["unique_key"] = unique.key
+            if unique.window is not None:
+                params["window"] = unique.window
+                found = await self._all("insert_task_unique_window", params, conn, tuple_row)
+                return str(found[0][0]) if found else msg.id
+            params["until_started"] = unique.until_started
+            for _ in range(self.broker.UNIQUE_TRIES):
+                found = await self._all("insert_task_unique", params, conn, tuple_row)
+                if found:
+                    return str(found[0][0])
+        raise PgTasksError(
+            f"cannot enqueue {msg.name}: its unique key {unique.key!r} changed hands "
+            f"{self.broker.UNIQUE_TRIES} times as it was looked up; try again"
+        )
+
+    async def get_result(self, task_id: str) -> Row | None:
+        found = await self._all("get_result", {"id": task_id})
+        row: Row | None = found[0] if found else None
+        if row is None or (row["status"] is None and row["state"] is None):
+            return None
+        return row
