@@ -10,14 +10,16 @@ sync broker's own (``pgtasks/sql/queries.sql``), so rows, unique keys and errors
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import weakref
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from pgtasks.broker import Broker, Row, _storage_errors
+from pgtasks.broker import Broker, Row, _storage_errors, result_channel
 from pgtasks.exceptions import PgTasksError
 
 if TYPE_CHECKING:
@@ -31,6 +33,9 @@ class AsyncBroker:
         self.broker = broker
         # A pool is bound to the loop it was opened on; a closed loop drops its entry.
         self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncConnectionPool] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._listeners: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ResultListener] = (
             weakref.WeakKeyDictionary()
         )
 
@@ -52,10 +57,33 @@ class AsyncBroker:
         return pool
 
     async def close(self) -> None:
-        """Close the pool of the running loop (if it has one)."""
-        pool = self._pools.pop(asyncio.get_running_loop(), None)
+        """Close the pool and the result listener of the running loop (if it has them)."""
+        loop = asyncio.get_running_loop()
+        listener = self._listeners.pop(loop, None)
+        if listener is not None:
+            await listener.close()
+        pool = self._pools.pop(loop, None)
         if pool is not None:
             await pool.close()
+
+    #: Seconds between attempts to listen again after the listening connection failed.
+    LISTEN_RETRY = 5.0
+
+    async def result_event(self) -> asyncio.Event | None:
+        """The event the next stored result sets (the results NOTIFY, one listening connection
+        per event loop); None when none could be had (the caller then polls). Take it before
+        reading a result, so that a result stored in between still wakes the wait."""
+        loop = asyncio.get_running_loop()
+        listener = self._listeners.get(loop)
+        if listener is not None and listener.failed:
+            if loop.time() - listener.failed_at < self.LISTEN_RETRY:
+                return None
+            listener = None
+        if listener is None:
+            listener = self._listeners[loop] = ResultListener(self.broker)
+        if not await listener.ready():
+            return None
+        return listener.event
 
     async def _all(
         self,
@@ -108,3 +136,60 @@ class AsyncBroker:
         if row is None or (row["status"] is None and row["state"] is None):
             return None
         return row
+
+
+class ResultListener:
+    """One LISTEN connection per event loop for ``get_async``: each stored result sets the
+    current event and starts a new one, waking every waiter to read its own row. Only a hint:
+    when the connection fails, waiters poll."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.event = asyncio.Event()
+        self.failed = False
+        self.failed_at = 0.0
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._started: asyncio.Future[bool] | None = None
+
+    async def ready(self) -> bool:
+        """Listening (started on first use); False if the connection could not be had."""
+        if self._started is None:
+            self._started = asyncio.get_running_loop().create_future()
+            self._task = asyncio.create_task(self._listen())
+        return await asyncio.shield(self._started)
+
+    async def _listen(self) -> None:
+        assert self._started is not None
+        try:
+            b = self.broker
+            self._conn = await psycopg.AsyncConnection.connect(
+                b.dsn, autocommit=True, connect_timeout=max(1, int(b.connect_timeout))
+            )
+            channel = sql.Identifier(result_channel(b.schema))
+            await self._conn.execute(sql.SQL("LISTEN {}").format(channel))
+        except (psycopg.Error, OSError):
+            self._fail()
+            self._started.set_result(False)
+            return
+        self._started.set_result(True)
+        try:
+            async for _ in self._conn.notifies():
+                self.event.set()
+                self.event = asyncio.Event()
+        except (psycopg.Error, OSError):
+            self._fail()
+            self.event.set()  # waiters re-read now, then poll
+
+    def _fail(self) -> None:
+        self.failed = True
+        self.failed_at = asyncio.get_running_loop().time()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, psycopg.Error, OSError):
+                await self._task
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error, OSError):
+                await self._conn.close()

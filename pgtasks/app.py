@@ -303,12 +303,13 @@ class Celery:
     def async_broker(self) -> AsyncBroker:
         """The asyncio side of the broker (``delay_async``, ``get_async``): one async pool per
         event loop, opened on first use."""
-        broker = self.broker
+        # Kept across close(): its pools and listeners belong to event loops, and only
+        # close_async(), awaited on each loop, can close them.
         current = self._async_broker
-        if current is None or current.broker is not broker:
+        if current is None:
             from pgtasks.aio import AsyncBroker
 
-            current = self._async_broker = AsyncBroker(broker)
+            current = self._async_broker = AsyncBroker(self.broker)
         return current
 
     async def close_async(self) -> None:
@@ -321,7 +322,6 @@ class Celery:
         if self._broker is not None:
             self._broker.close()
             self._broker = None
-        self._async_broker = None
 
     def decode_result(self, data: bytes, content_type: str, content_encoding: str) -> Any:
         """A stored result, refused unless its content type is accepted: Celery's

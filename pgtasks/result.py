@@ -217,9 +217,9 @@ class AsyncResult:
     async def get_async(
         self, timeout: float | None = None, propagate: bool = True, interval: float = 0.05
     ) -> Any:
-        """``get`` for asyncio code: waits without blocking the event loop, reading the result
-        on psycopg's async connections (polling from 10 ms, backing off to ``interval`` or 0.5 s,
-        whichever is more). Raises ``TimeoutError`` after ``timeout`` seconds."""
+        """``get`` for asyncio code: waits without blocking the event loop, on psycopg's async
+        connections, woken by the results NOTIFY (one listening connection per event loop; a
+        growing pause is the fallback poll). Raises ``TimeoutError`` after ``timeout`` seconds."""
         if self.ignored:
             return None
         loop = asyncio.get_running_loop()
@@ -227,14 +227,20 @@ class AsyncResult:
         pause = 0.01
         broker = self.app.async_broker
         while True:
+            stored = await broker.result_event()
             meta = self._meta_of(await broker.get_result(self.id))
             if meta["state"] in states.READY_STATES:
                 break
             if deadline is not None and loop.time() >= deadline:
                 raise TimeoutError("The operation timed out.")
             wait = pause if deadline is None else min(pause, max(0.0, deadline - loop.time()))
-            await asyncio.sleep(wait)
-            pause = min(pause * 1.5, max(interval, 0.5))
+            if stored is None:
+                await asyncio.sleep(wait)
+            else:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stored.wait(), timeout=wait)
+            # Listening, a stored result wakes the wait: the pause only bounds a missed one.
+            pause = 1.0 if stored is not None else min(pause * 1.5, max(interval, 0.5))
         if propagate and meta["state"] in states.PROPAGATE_STATES:
             exc = meta["result"]
             if isinstance(exc, BaseException):

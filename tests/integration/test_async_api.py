@@ -138,3 +138,43 @@ def test_get_async_reads_what_get_reads(app: Celery, work: Any, worker_factory: 
     with worker_factory():
         assert sent.get(timeout=15) == 42
     assert run(app, lambda: sent.get_async(timeout=5)) == 42
+
+
+def test_get_async_is_woken_by_the_stored_result_not_by_polling(
+    app: Celery, worker_factory: Any
+) -> None:
+    import threading
+
+    from pgtasks.aio import AsyncBroker
+
+    release = threading.Event()
+
+    @app.task(name="aio.api.slow")
+    def slow() -> str:
+        release.wait(10)
+        return "done"
+
+    reads = 0
+    original = AsyncBroker.get_result
+
+    async def counted(self: AsyncBroker, task_id: str) -> Any:
+        nonlocal reads
+        reads += 1
+        return await original(self, task_id)
+
+    async def main() -> Any:
+        sent = await slow.delay_async()
+        waiting = asyncio.create_task(sent.get_async(timeout=30))
+        await asyncio.sleep(0.5)  # the waiter is listening, between reads
+        release.set()
+        return await waiting
+
+    AsyncBroker.get_result = counted  # type: ignore[method-assign]
+    try:
+        with worker_factory():
+            assert run(app, main) == "done"
+    finally:
+        AsyncBroker.get_result = original  # type: ignore[method-assign]
+    # Polling from 10 ms would have read the row a dozen times in that half second; listening,
+    # it is read once before the wait, maybe again for another stored result, and once after.
+    assert reads <= 4, reads
