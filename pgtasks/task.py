@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import contextvars
 import dataclasses
 import inspect
 import reprlib
-import threading
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
@@ -98,7 +99,11 @@ class Task(Generic[P, R]):
             unique.check_unique_on(name, self._call_signature, self.unique_on)
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(str(exc)) from None
-        self._local = threading.local()
+        # A context variable rather than a thread-local: each thread starts with a context of
+        # its own, and an async def body run on a shared event loop gets the caller's copy.
+        self._requests: contextvars.ContextVar[tuple[Request, ...]] = contextvars.ContextVar(
+            f"pgtasks_request_{name}", default=()
+        )
         self.__doc__ = fun.__doc__
         self.__name__ = getattr(fun, "__name__", name)
         self.__module__ = getattr(fun, "__module__", __name__)
@@ -111,16 +116,16 @@ class Task(Generic[P, R]):
 
     @property
     def request(self) -> Request:
-        """The context of the call running in this thread (a direct call when none is)."""
-        stack: list[Request] = getattr(self._local, "stack", [])
+        """The context of the call running in this thread or coroutine (a direct call when
+        none is)."""
+        stack = self._requests.get()
         return stack[-1] if stack else Request()
 
     def push_request(self, request: Request) -> None:
-        stack: list[Request] = self._local.__dict__.setdefault("stack", [])
-        stack.append(request)
+        self._requests.set((*self._requests.get(), request))
 
     def pop_request(self) -> None:
-        self._local.stack.pop()
+        self._requests.set(self._requests.get()[:-1])
 
     def run(self, *args: Any, **kwargs: Any) -> R:
         """Run the task body with ``autoretry_for`` applied; the worker calls this. An
@@ -746,16 +751,68 @@ class Task(Generic[P, R]):
         return self.app.AsyncResult(task_id, task_name=self.name)
 
 
+#: The event loop of this process's asyncio pool, where the ``async def`` bodies of every call
+#: interleave (None: each call runs on a loop of its own).
+_shared_loop: asyncio.AbstractEventLoop | None = None
+
+
+def use_event_loop(loop: asyncio.AbstractEventLoop | None) -> None:
+    """Run ``async def`` task bodies on ``loop`` from now on (the asyncio pool's), or each on a
+    loop of its own again (None)."""
+    global _shared_loop
+    _shared_loop = loop
+
+
 def run_coroutine(coro: Coroutine[Any, Any, _T]) -> _T:
-    """Run an ``async def`` task's coroutine to its end and return its value: on a new event
-    loop in this thread, or, where this thread already runs one (an eager call from async
-    code), on a new loop in a thread of its own while this one waits."""
+    """Run an ``async def`` task's coroutine to its end and return its value: on the asyncio
+    pool's shared loop where there is one (this thread waits), else on a new event loop in this
+    thread, or, where this thread already runs one (an eager call from async code), on a new
+    loop in a thread of its own while this one waits."""
     try:
-        asyncio.get_running_loop()
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
     except RuntimeError:
+        running = None
+    shared = _shared_loop
+    if shared is not None and shared is not running and shared.is_running():
+        return _on_loop(shared, coro)
+    if running is None:
         return asyncio.run(coro)
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pgtasks-eager") as pool:
         return pool.submit(asyncio.run, coro).result()
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``coro`` on ``loop`` (another thread's) in a copy of this thread's context (so that
+    ``self.request`` reads this call's), and wait for it here."""
+    context = contextvars.copy_context()
+    outcome: concurrent.futures.Future[_T] = concurrent.futures.Future()
+    started: list[asyncio.Task[_T]] = []
+
+    def finish(task: asyncio.Task[_T]) -> None:
+        if task.cancelled():
+            outcome.set_exception(asyncio.CancelledError())
+        elif (exc := task.exception()) is not None:
+            outcome.set_exception(exc)
+        else:
+            outcome.set_result(task.result())
+
+    def start() -> None:
+        task = context.run(loop.create_task, coro)
+        started.append(task)
+        task.add_done_callback(finish)
+
+    loop.call_soon_threadsafe(start)
+    try:
+        while True:
+            # In slices: an exception raised into this thread (a soft time limit) is only
+            # delivered between them.
+            with contextlib.suppress(concurrent.futures.TimeoutError):
+                return outcome.result(timeout=0.25)
+    except BaseException:
+        # Interrupted while waiting (a soft time limit, a cold stop): stop the coroutine too.
+        if started:
+            loop.call_soon_threadsafe(started[0].cancel)
+        raise
 
 
 def _seconds(what: str, value: Any) -> float:

@@ -1,9 +1,9 @@
 """Enqueue from FastAPI endpoints and await results without blocking the event loop.
 
-    pgtasks -A examples.fastapi.app worker -l INFO    # in one shell
-    uvicorn examples.fastapi.app:api                  # in another
-    curl -X POST 'localhost:8000/add?a=2&b=3'         # {"id": "...", "result": 5}
-    curl -X POST 'localhost:8000/reports/eu'          # {"id": "..."} (once per region at a time)
+    pgtasks -A examples.fastapi.app worker -P asyncio -l INFO    # in one shell
+    uvicorn examples.fastapi.app:api                             # in another
+    curl -X POST 'localhost:8000/add?a=2&b=3'                    # {"id": "...", "result": 5}
+    curl -X POST 'localhost:8000/reports/eu'                     # {"id": "..."}, one at a time
 
 ``python -m examples.fastapi.run`` does the same in one process, with a test client.
 """

@@ -24,7 +24,7 @@ def main() -> int:
         first = client.post("/reports/eu").json()
         again = client.post("/reports/eu").json()
         print(f"POST /reports/eu twice -> same task: {first['id'] == again['id']}")
-        with start_worker(app, pool="threads", concurrency=2):
+        with start_worker(app, pool="asyncio", concurrency=10):
             added = client.post("/add", params={"a": 2, "b": 3}).json()
             print(f"POST /add?a=2&b=3 -> {added}")
             report = app.AsyncResult(first["id"]).get(timeout=10)

@@ -19,16 +19,20 @@ def _queues(value: str | None) -> list[str] | None:
 
 @cli.command()
 @click.option(
-    "-c", "--concurrency", type=click.IntRange(min=1), help="Tasks run at once (default: CPUs)."
+    "-c",
+    "--concurrency",
+    type=click.IntRange(min=1),
+    help="Tasks run at once (default: CPUs; 100 on the asyncio pool).",
 )
 @click.option("-Q", "--queues", help="Comma-separated queues to consume (default: celery).")
 @click.option(
     "-P",
     "--pool",
-    type=click.Choice(["prefork", "threads", "solo"]),
+    type=click.Choice(["prefork", "threads", "solo", "asyncio"]),
     default="prefork",
     show_default=True,
-    help="How tasks run: child processes, threads, or inline.",
+    help="How tasks run: child processes, threads, inline, or async def tasks interleaved on "
+    "one event loop.",
 )
 @click.option(
     "-l", "--loglevel", default="INFO", show_default=True, help="DEBUG, INFO, WARNING or ERROR."

@@ -7,7 +7,7 @@ child) that runs it; threads of a thread pool each see their own task.
 
 from __future__ import annotations
 
-import threading
+import contextvars
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -15,23 +15,24 @@ if TYPE_CHECKING:
 
 __all__ = ["get_current_task", "pop_task", "push_task"]
 
-_local = threading.local()
+_stack: contextvars.ContextVar[tuple[Task[Any, Any], ...]] = contextvars.ContextVar(
+    "pgtasks_current_task", default=()
+)
 
 
 def push_task(task: Task[Any, Any]) -> None:
-    """Mark ``task`` as running in this thread (nested calls stack)."""
-    stack: list[Task[Any, Any]] = _local.__dict__.setdefault("stack", [])
-    stack.append(task)
+    """Mark ``task`` as running in this thread or coroutine (nested calls stack)."""
+    _stack.set((*_stack.get(), task))
 
 
 def pop_task() -> None:
     """Undo the matching :func:`push_task`."""
-    stack: list[Task[Any, Any]] = _local.__dict__.get("stack", [])
+    stack = _stack.get()
     if stack:
-        stack.pop()
+        _stack.set(stack[:-1])
 
 
 def get_current_task() -> Task[Any, Any] | None:
-    """The task this thread is running, or None outside a task."""
-    stack: list[Task[Any, Any]] = _local.__dict__.get("stack", [])
+    """The task this thread or coroutine is running, or None outside a task."""
+    stack = _stack.get()
     return stack[-1] if stack else None

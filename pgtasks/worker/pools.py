@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import os
@@ -181,6 +182,46 @@ class SoloPool(ThreadPool):
         super().start()
         # Tasks run in the worker's own process, which Celery announces the same way.
         signals.worker_process_init.send(sender=None)
+
+
+class AsyncioPool(ThreadPool):
+    """``async def`` task bodies interleave on one event loop in the worker process.
+
+    Each call's synchronous part (signals, hooks, retries, encoding the result) runs in one of
+    ``concurrency`` threads, which hands the coroutine to the loop and waits; the loop runs
+    every waiting call's coroutine at once. So ``-c 200`` means 200 calls in flight, and
+    clients an async task keeps at module level (an HTTP session, an async pool) are shared by
+    all of them. Plain functions run in those threads, as on the threads pool.
+    """
+
+    name = "asyncio"
+
+    def start(self) -> None:
+        from pgtasks import task
+
+        self.loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(
+            target=self._run_loop, name="pgtasks-asyncio", daemon=True
+        )
+        self._loop_thread.start()
+        task.use_event_loop(self.loop)
+        super().start()
+        # Tasks run in the worker's own process, which Celery announces the same way.
+        signals.worker_process_init.send(sender=None)
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def stop(self, wait: bool) -> None:
+        from pgtasks import task
+
+        super().stop(wait)
+        task.use_event_loop(None)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._loop_thread.join(timeout=5)
+        if not self.loop.is_running():
+            self.loop.close()
 
 
 class _Child:
@@ -465,7 +506,12 @@ class PreforkPool(Pool):
                 c.process.join(timeout=1)
 
 
-POOLS: dict[str, type[Pool]] = {"prefork": PreforkPool, "threads": ThreadPool, "solo": SoloPool}
+POOLS: dict[str, type[Pool]] = {
+    "prefork": PreforkPool,
+    "threads": ThreadPool,
+    "solo": SoloPool,
+    "asyncio": AsyncioPool,
+}
 
 
 def create(

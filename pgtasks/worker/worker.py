@@ -90,7 +90,10 @@ class Worker:
         # paths below use them.
         self.settings = s
         self.queues = queues or [s.default_queue]
-        self.concurrency = concurrency or s.concurrency or os.cpu_count() or 1
+        #: Calls in flight at once: CPUs by default, or 100 on the asyncio pool, whose calls
+        #: mostly wait on I/O.
+        default = 100 if pool == "asyncio" else os.cpu_count() or 1
+        self.concurrency = concurrency or s.concurrency or default
         self.pool_name = pool
         self.hostname = socket.gethostname()
         self.id = worker_id or f"{self.hostname}-{os.getpid()}-{uuid.uuid4().hex[:6]}"

@@ -47,7 +47,7 @@ def tasks(app: Celery) -> dict[str, Any]:
     return {"add": add, "whoami": whoami, "flaky": flaky, "boom": boom}
 
 
-@pytest.mark.parametrize("pool", ["threads", "prefork", "solo"])
+@pytest.mark.parametrize("pool", ["threads", "prefork", "solo", "asyncio"])
 def test_async_tasks_run_on_every_pool(
     app: Celery, tasks: dict[str, Any], worker_factory: Any, pool: str
 ) -> None:
@@ -83,3 +83,56 @@ def test_an_eager_async_task_runs_even_inside_a_running_event_loop(
         return int(tasks["add"].delay(4, 5).get())
 
     assert asyncio.run(endpoint()) == 9
+
+
+def test_the_asyncio_pool_interleaves_calls_on_one_shared_loop(
+    app: Celery, worker_factory: Any
+) -> None:
+    arrived: list[str] = []
+    n = 20
+
+    @app.task(name="aio.rendezvous", bind=True)
+    async def rendezvous(self: Any) -> dict[str, Any]:
+        # Each call waits until all n have started: only calls running at once get through.
+        arrived.append(self.request.id)
+        for _ in range(1000):
+            if len(arrived) >= n:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # the request is still this call's after other calls ran
+        return {"id": self.request.id, "loop": id(asyncio.get_running_loop())}
+
+    @app.task(name="aio.plain")
+    def plain(x: int) -> int:
+        return x * 2
+
+    with worker_factory(pool="asyncio", concurrency=n):
+        results = [rendezvous.delay() for _ in range(n)]
+        answers = [r.get(timeout=30) for r in results]
+        assert plain.delay(21).get(timeout=10) == 42
+    assert len(arrived) == n
+    assert [a["id"] for a in answers] == [r.id for r in results]
+    assert len({a["loop"] for a in answers}) == 1
+
+
+def test_a_soft_time_limit_stops_an_async_call_on_the_asyncio_pool(
+    app: Celery, worker_factory: Any
+) -> None:
+    from pgtasks.exceptions import SoftTimeLimitExceeded
+
+    cancelled: list[bool] = []
+
+    @app.task(name="aio.sleepy", soft_time_limit=0.3)
+    async def sleepy() -> str:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(True)  # the coroutine is cancelled on the loop
+            raise
+        return "woke"
+
+    with worker_factory(pool="asyncio", concurrency=2):
+        result = sleepy.delay()
+        with pytest.raises(SoftTimeLimitExceeded):
+            result.get(timeout=15)
+    assert cancelled == [True]
