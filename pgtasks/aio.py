@@ -20,7 +20,6 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from pgtasks.broker import Broker, Row, _storage_errors, result_channel
-from pgtasks.exceptions import PgTasksError
 
 if TYPE_CHECKING:
     from pgtasks.message import TaskMessage
@@ -109,26 +108,17 @@ class AsyncBroker:
         self, msg: TaskMessage, conn: psycopg.AsyncConnection[Any] | None = None
     ) -> str:
         """``Broker.enqueue`` without blocking the loop: the id of the task holding the call."""
-        params = self.broker._params(msg)
+        broker = self.broker
         with _storage_errors(msg.id):
-            unique = msg.unique
-            if unique is None:
-                await self._all("insert_task", params, conn)
+            if msg.unique is None:
+                await self._all("insert_task", broker._params(msg), conn)
                 return msg.id
-            params["unique_key"] = unique.key
-            if unique.window is not None:
-                params["window"] = unique.window
-                found = await self._all("insert_task_unique_window", params, conn, tuple_row)
-                return str(found[0][0]) if found else msg.id
-            params["until_started"] = unique.until_started
-            for _ in range(self.broker.UNIQUE_TRIES):
-                found = await self._all("insert_task_unique", params, conn, tuple_row)
+            name, params, tries = broker.unique_plan(msg)
+            for _ in range(tries):
+                found = await self._all(name, params, conn, tuple_row)
                 if found:
                     return str(found[0][0])
-        raise PgTasksError(
-            f"cannot enqueue {msg.name}: its unique key {unique.key!r} changed hands "
-            f"{self.broker.UNIQUE_TRIES} times as it was looked up; try again"
-        )
+        return broker.unique_unsettled(msg, name)
 
     async def get_result(self, task_id: str) -> Row | None:
         found = await self._all("get_result", {"id": task_id})

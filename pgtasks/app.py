@@ -98,12 +98,6 @@ def normalise_dsn(url: str) -> str:
     return url
 
 
-def signals_name(signum: int) -> str:
-    import signal
-
-    return signal.Signals(signum).name
-
-
 class Control:
     """``app.control``: revoke and purge."""
 
@@ -125,7 +119,7 @@ class Control:
 
         stop: str | None = None
         if terminate:
-            stop = signals_name(parse_signal(signal or "SIGTERM"))
+            stop = parse_signal(signal or "SIGTERM").name
         ids = [task_id] if isinstance(task_id, str) else list(task_id)
         for tid in ids:
             self.app.broker.revoke(tid, signal=stop)

@@ -200,7 +200,6 @@ class Broker:
         self.max_size = max_size
         self.connect_timeout = connect_timeout
         self._pool: ConnectionPool | None = None
-        self._pool_pid = 0
         self._pool_forks = -1
         self._inherited: list[ConnectionPool] = []
         self._lock = threading.Lock()
@@ -228,7 +227,7 @@ class Broker:
         # microseconds on some virtual machines.
         if self._pool is None or self._pool_forks != _forks[0]:
             with self._lock:
-                if self._pool is None or self._pool_pid != os.getpid():
+                if self._pool is None or self._pool_forks != _forks[0]:
                     if self._pool is not None:
                         # A pool inherited through fork: its sockets belong to the parent.
                         # Keep a reference so that garbage collection never closes them here.
@@ -242,7 +241,6 @@ class Broker:
                         name=f"pgtasks-{os.getpid()}",
                     )
                     self._pool.open(wait=False)
-                    self._pool_pid = os.getpid()
                     self._pool_forks = _forks[0]
         return self._pool
 
@@ -289,7 +287,7 @@ class Broker:
         return conn
 
     def close(self) -> None:
-        if self._pool is not None and self._pool_pid == os.getpid():
+        if self._pool is not None and self._pool_forks == _forks[0]:
             self._pool.close()
         self._pool = None
 
@@ -399,34 +397,42 @@ class Broker:
     #: How often a unique enqueue looks again for a holder that changed as it looked.
     UNIQUE_TRIES = 20
 
-    def _enqueue_unique(self, msg: TaskMessage, conn: psycopg.Connection[Any] | None) -> str:
+    def unique_plan(self, msg: TaskMessage) -> tuple[str, dict[str, Any], int]:
+        """How a unique call is enqueued (here and by pgtasks.aio): the statement, its
+        parameters, and how many times to run it while it names no holder.
+
+        A window's upsert always names one (no row only when a retry on a new connection met
+        the row it had just written: then it is this call). The index's insert names none when
+        the holder committed after the statement's snapshot, or finished as it looked: a new
+        statement sees either it or a free key.
+        """
         unique = msg.unique
         assert unique is not None
         params = self._params(msg)
         params["unique_key"] = unique.key
-        found: list[tuple[str]]
         if unique.window is not None:
             params["window"] = unique.window
-            found = cast(
-                "list[tuple[str]]",
-                self._all("insert_task_unique_window", params, conn, row_factory=tuple_row),
-            )
-            # No row only when a retry on a new connection met the row it had just written.
-            return str(found[0][0]) if found else msg.id
+            return "insert_task_unique_window", params, 1
         params["until_started"] = unique.until_started
-        for _ in range(self.UNIQUE_TRIES):
-            found = cast(
-                "list[tuple[str]]",
-                self._all("insert_task_unique", params, conn, row_factory=tuple_row),
-            )
-            if found:
-                return str(found[0][0])
-            # The holder committed after this statement's snapshot was taken, or finished as
-            # it looked: a new statement sees either it or a free key.
+        return "insert_task_unique", params, self.UNIQUE_TRIES
+
+    def unique_unsettled(self, msg: TaskMessage, name: str) -> str:
+        """What a unique enqueue returns (or raises) after ``unique_plan``'s runs named no
+        holder."""
+        if name == "insert_task_unique_window":
+            return msg.id
         raise PgTasksError(
             f"cannot enqueue {msg.name}: its unique key {msg.unique_key!r} changed hands "
             f"{self.UNIQUE_TRIES} times as it was looked up; try again"
         )
+
+    def _enqueue_unique(self, msg: TaskMessage, conn: psycopg.Connection[Any] | None) -> str:
+        name, params, tries = self.unique_plan(msg)
+        for _ in range(tries):
+            found: list[Any] = self._all(name, params, conn, row_factory=tuple_row)
+            if found:
+                return str(found[0][0])
+        return self.unique_unsettled(msg, name)
 
     def enqueue_many(
         self, msgs: Sequence[TaskMessage], conn: psycopg.Connection[Any] | None = None

@@ -290,6 +290,10 @@ class Task(Generic[P, R]):
                 _settings=settings,
                 **options,
             )
+        return self._result_of(msg, holder)
+
+    def _result_of(self, msg: TaskMessage, holder: str) -> AsyncResult:
+        """The handle ``apply_async`` returns for ``msg``, held by ``holder``."""
         result = self.AsyncResult(holder)
         result.ignored = bool(msg.headers.get("ignore_result"))
         return result
@@ -309,25 +313,7 @@ class Task(Generic[P, R]):
         inject(msg.headers, msg.queue)
         signals.send_before_publish(msg, args, kwargs)
         holder = self.app.broker.enqueue(msg, conn=self._enqueue_conn(connection))
-        if holder != msg.id:
-            if structlog.is_configured():
-                _log.debug(
-                    "task.duplicate",
-                    task_name=msg.name,
-                    unique_key=msg.unique_key,
-                    held_by=holder,
-                )
-            return msg, holder
-        signals.send_after_publish(msg, args, kwargs)
-        if structlog.is_configured():  # a library must not print when the host app did not ask
-            _log.debug(
-                "task.enqueued",
-                task_id=msg.id,
-                task_name=msg.name,
-                queue=msg.queue,
-                eta=msg.eta.isoformat() if msg.eta else None,
-                countdown=msg.countdown,
-            )
+        _published(msg, holder, args, kwargs)
         return msg, holder
 
     # -- canvas ------------------------------------------------------------------------------
@@ -740,15 +726,35 @@ class Task(Generic[P, R]):
             inject(msg.headers, msg.queue)
             signals.send_before_publish(msg, args, kwargs)
             holder = await self.app.async_broker.enqueue(msg, connection)
-            if holder == msg.id:
-                signals.send_after_publish(msg, args, kwargs)
-        result = self.AsyncResult(holder)
-        result.ignored = bool(msg.headers.get("ignore_result"))
-        return result
+            _published(msg, holder, args, kwargs)
+        return self._result_of(msg, holder)
 
     def AsyncResult(self, task_id: str, **kwargs: Any) -> AsyncResult:
         """The result handle of a call of this task (Celery's ``Task.AsyncResult``)."""
         return self.app.AsyncResult(task_id, task_name=self.name)
+
+
+def _published(
+    msg: TaskMessage, holder: str, args: Sequence[Any] | None, kwargs: dict[str, Any] | None
+) -> None:
+    """After one enqueue: the publish signal and the debug log, or, when a unique call found
+    its key held (``holder`` is another task), only the log of that."""
+    if holder != msg.id:
+        if structlog.is_configured():
+            _log.debug(
+                "task.duplicate", task_name=msg.name, unique_key=msg.unique_key, held_by=holder
+            )
+        return
+    signals.send_after_publish(msg, args, kwargs)
+    if structlog.is_configured():  # a library must not print when the host app did not ask
+        _log.debug(
+            "task.enqueued",
+            task_id=msg.id,
+            task_name=msg.name,
+            queue=msg.queue,
+            eta=msg.eta.isoformat() if msg.eta else None,
+            countdown=msg.countdown,
+        )
 
 
 #: The event loop of this process's asyncio pool, where the ``async def`` bodies of every call

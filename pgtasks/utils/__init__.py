@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 __all__ = ["gen_unique_id", "uuid"]
 
@@ -21,15 +22,13 @@ def uuid() -> str:
 gen_unique_id = uuid
 
 
-def parse_signal(name: str | int) -> int:
+def parse_signal(name: str | int) -> signal.Signals:
     """A signal by name (``"SIGTERM"``, ``"TERM"``) or number, as ``revoke(signal=...)`` takes
     it; ValueError for one this platform does not have."""
-    import signal
-
     text = str(name).strip().upper()
     try:
         if text.isdigit():
-            return int(signal.Signals(int(text)))
-        return int(signal.Signals[text if text.startswith("SIG") else "SIG" + text])
+            return signal.Signals(int(text))
+        return signal.Signals[text if text.startswith("SIG") else "SIG" + text]
     except (KeyError, ValueError):
         raise ValueError(f"unknown signal {name!r}") from None
