@@ -13,7 +13,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -351,8 +351,12 @@ class Broker:
     def _statuses(
         self, name: str, params: dict[str, Any], conn: psycopg.Connection[Any] | None = None
     ) -> dict[str, str]:
-        """id -> status from a fenced write returning ``id, status, ...`` (as tuples)."""
+        """id -> status from a fenced write returning ``id, status, limit_key, ...`` (as
+        tuples); rows blocked on the concurrency limits it freed are moved on."""
         rows: list[Any] = self._all(name, params, conn, row_factory=tuple_row)
+        keys = {row[2] for row in rows if row[2] is not None}
+        if keys:
+            self.unblock(keys, conn)
         return {row[0]: row[1] for row in rows}
 
     def _one(
@@ -580,6 +584,19 @@ class Broker:
     ) -> list[ClaimedTask]:
         """Claim up to ``limit`` due tasks in priority order (one statement); with ``floors``,
         reading each known queue and priority from its floor on (see pgtasks.worker.floors)."""
+        return self.claim_counting(worker, queues, limit, lease, conn, floors)[0]
+
+    def claim_counting(
+        self,
+        worker: str,
+        queues: Sequence[str],
+        limit: int,
+        lease: float,
+        conn: psycopg.Connection[Any] | None = None,
+        floors: FloorPlan | None = None,
+    ) -> tuple[list[ClaimedTask], int]:
+        """``claim``, and how many rows it took in all: the claimed ones and those it set
+        BLOCKED (over a concurrency limit), which are not returned."""
         params: dict[str, Any] = {"worker": worker, "limit": limit, "lease": lease}
         if floors is None:
             name = "claim_batch"
@@ -588,8 +605,28 @@ class Broker:
             name = "claim_batch_from_floors"
             params.update(floors.params())
         # Columns come back in ClaimedTask's field order: built positionally, no dict per row.
-        claimed: list[Any] = self._all(name, params, conn, row_factory=args_row(ClaimedTask))
-        return claimed
+        rows: list[Any] = self._all(name, params, conn, row_factory=args_row(ClaimedTask))
+        claimed: list[ClaimedTask] = rows
+        if any(row.blocked for row in rows):
+            claimed = [row for row in rows if not row.blocked]
+        return claimed, len(rows)
+
+    def unblock(self, keys: Iterable[str], conn: psycopg.Connection[Any] | None = None) -> int:
+        """Move rows blocked on the concurrency limits ``keys`` back to PENDING where a key
+        has room (after a statement gave its count back); returns how many moved."""
+        row = self._one(
+            "unblock", {"keys": sorted(keys), "channel": notify_channel(self.schema)}, conn
+        )
+        return int(row["n"]) if row else 0
+
+    def blocked_keys(self, after: str = "", limit: int = 1000) -> list[str]:
+        """Keys (after ``after``, in order) with blocked rows and room to start one."""
+        return [r["key"] for r in self._all("blocked_keys", {"after": after, "limit": limit})]
+
+    def prune_concurrency_limits(self, limit: int = 1000) -> int:
+        """Forget the counts of keys idle for an hour; returns how many went."""
+        with self.connection() as conn:
+            return conn.execute(self.q["prune_concurrency_limits"], {"limit": limit}).rowcount
 
     def behind_floors(self, floors: FloorPlan) -> dict[tuple[str, int], datetime]:
         """For each of ``floors``' bands with due PENDING rows behind its floor, the earliest
@@ -714,6 +751,9 @@ class Broker:
                 "intervals": [i[3] for i in items],
             },
         )
+        keys = {row["limit_key"] for row in rows if row["limit_key"] is not None}
+        if keys:
+            self.unblock(keys)
         return {row["id"]: row["deferred"] for row in rows}
 
     def reclaim(
@@ -747,6 +787,9 @@ class Broker:
                 self._count_chords(conn, Plan(chord_hits=hits), chord_ready)
             row = self._one("transaction_time", {}, conn)
         assert row is not None
+        keys = {r["limit_key"] for r in rows if r["limit_key"] is not None}
+        if keys:
+            self.unblock(keys)
         return rows, row["now"]
 
     def register_worker(
@@ -1031,11 +1074,13 @@ class Broker:
 
         One dict per queue that has any row (only ``queues`` when given), by queue name:
         ``queue``, ``pending_due`` (PENDING, run_at passed), ``scheduled`` (PENDING, run_at in
-        the future), ``running``, ``expired_leases`` (RUNNING past lease_until: their worker is
-        gone or cut off), ``dead``, ``completed``/``failed``/``cancelled`` (rows that finished
-        within the window), ``oldest_due_age`` (seconds the oldest due PENDING row has waited
-        since its run_at; None when nothing is due), ``finished_attempts`` (attempts that ended
-        within the window) and ``throughput`` (those attempts per minute).
+        the future), ``blocked`` (BLOCKED: held back by a concurrency limit, see
+        pgtasks.concurrency), ``running``, ``expired_leases`` (RUNNING past lease_until: their
+        worker is gone or cut off), ``dead``, ``completed``/``failed``/``cancelled`` (rows
+        that finished within the window), ``oldest_due_age`` (seconds the oldest due PENDING
+        row has waited since its run_at; None when nothing is due), ``finished_attempts``
+        (attempts that ended within the window) and ``throughput`` (those attempts per
+        minute).
         """
         rows = self._all(
             "queue_stats",
@@ -1212,13 +1257,13 @@ class Broker:
 
         ``minutes``: dicts of ``minute`` (start of the minute), ``outcome`` and ``n``, attempts
         finished per minute and outcome within the window, oldest first (minutes without any
-        are absent); ``totals``: status -> rows, every PENDING, RUNNING and DEAD row and the
-        COMPLETED, FAILED and CANCELLED rows finished within the window (statuses without rows
-        are 0); ``workers``: the live workers as :meth:`live_workers` returns them.
+        are absent); ``totals``: status -> rows, every PENDING, BLOCKED, RUNNING and DEAD row
+        and the COMPLETED, FAILED and CANCELLED rows finished within the window (statuses
+        without rows are 0); ``workers``: the live workers as :meth:`live_workers` returns them.
         """
         params = {"window": window_seconds}
         totals = dict.fromkeys(
-            ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "DEAD"), 0
+            ("PENDING", "BLOCKED", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "DEAD"), 0
         )
         totals.update({row["status"]: int(row["n"]) for row in self._all("status_totals", params)})
         return {

@@ -117,6 +117,11 @@ class Settings(BaseSettings):
     disable_rate_limits: bool = Field(
         default=False, description="Run rate-limited tasks without waiting for their slots."
     )
+    queue_concurrency_limits: dict[str, int] = Field(
+        default_factory=dict,
+        description="Queue name -> the most tasks of that queue running at once, across all "
+        "workers (applied when a task is sent; a JSON object in the environment).",
+    )
     timezone: str | None = Field(
         default=None,
         description="Time zone of crontab schedules and of naive eta/expires datetimes "
@@ -191,6 +196,27 @@ class Settings(BaseSettings):
                 f"unknown time zone {value!r}: use an IANA name such as 'Europe/Berlin'"
             ) from None
         return value
+
+    @field_validator("queue_concurrency_limits", mode="before")
+    @classmethod
+    def _queue_limits(cls, value: Any) -> Any:
+        from pgtasks.concurrency import check_queue_limits
+
+        if isinstance(value, str):
+            try:
+                value = json.loads(value) if value.strip() else {}
+            except ValueError:
+                raise ValueError(
+                    'queue_concurrency_limits must be a JSON object such as {"reports": 2}'
+                ) from None
+        if value is not None and not isinstance(value, Mapping):
+            raise ValueError(
+                f"queue_concurrency_limits must map queue names to limits, not {value!r}"
+            )
+        try:
+            return check_queue_limits(value)
+        except TypeError as exc:
+            raise ValueError(str(exc)) from None
 
     @field_validator("default_rate_limit")
     @classmethod

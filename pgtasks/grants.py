@@ -41,7 +41,15 @@ TABLES = (
     "quotas",
     "unique_keys",
     "effects",
+    "concurrency_limits",
     "migrations",
+)
+#: Every function of the schema, with its argument types.
+FUNCTIONS = (
+    ("notify_due", ""),
+    ("notify_result", ""),
+    ("enforce_quotas", ""),
+    ("concurrency_key", "jsonb"),
 )
 #: Tables a producer writes, and how.
 PRODUCER_TABLES = {
@@ -117,10 +125,10 @@ def statements(schema: str, roles: Roles) -> list[sql.Composed]:
         out.append(sql.SQL("ALTER SCHEMA {} OWNER TO {}").format(s, role))
         for name in TABLES:
             out.append(sql.SQL("ALTER TABLE {} OWNER TO {}").format(table(name), role))
-        for function in ("notify_due", "notify_result", "enforce_quotas"):
+        for function, args in FUNCTIONS:
             out.append(
-                sql.SQL("ALTER FUNCTION {}.{}() OWNER TO {}").format(
-                    s, sql.Identifier(function), role
+                sql.SQL("ALTER FUNCTION {}.{}({}) OWNER TO {}").format(
+                    s, sql.Identifier(function), sql.SQL(args), role
                 )
             )
     clients = [*roles.producers, *roles.workers]

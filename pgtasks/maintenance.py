@@ -2,7 +2,9 @@
 
 - ``Reclaimer``: takes back expired leases (crashed or cut-off workers), logging the previous
   owner; a task that has lost too many workers is dead-lettered ("worker lost"), never looped,
-  and counted by its chord, if it belongs to one.
+  and counted by its chord, if it belongs to one. It also moves on rows blocked by a
+  concurrency limit whose key has room (a worker killed between ending a limited task and
+  moving its key's blocked rows leaves them so), and forgets the counts of idle keys.
 - ``Pruner``: retention for finished rows and results.
 """
 
@@ -59,6 +61,7 @@ class Reclaimer:
             self.gate.full_done(time.monotonic() - started, time.monotonic())
         if len(rows) < self.BATCH:
             self._floor = cutoff - self.FLOOR_MARGIN
+        self._unblock()
         if rows:
             self.metrics.reclaimed(len(rows), sum(r["status"] == "DEAD" for r in rows))
         for row in rows:
@@ -75,6 +78,21 @@ class Reclaimer:
                 reason="worker lost" if row["status"] == "DEAD" else "lease expired",
             )
         return len(rows)
+
+    def _unblock(self) -> None:
+        """Move on blocked rows whose key has room, a batch of keys at a time."""
+        after = ""
+        moved = 0
+        while True:
+            keys = self.broker.blocked_keys(after, self.BATCH)
+            if keys:
+                moved += self.broker.unblock(keys)
+            if len(keys) < self.BATCH:
+                break
+            after = keys[-1]
+        if moved:
+            log.info("concurrency.unblocked", tasks=moved, reason="key had room")
+        self.broker.prune_concurrency_limits(self.BATCH)
 
 
 class Pruner:

@@ -69,6 +69,8 @@ class ClaimedTask:
     #: The attempt a dead-letter requeue started from (0 if never requeued): workers lost
     #: before it do not count against the task's budget any more.
     requeued_attempt: int = 0
+    #: Set BLOCKED by the claim (its concurrency limit is full), not claimed: never run.
+    blocked: bool = False
 
     @property
     def body(self) -> bytes | str:

@@ -225,6 +225,7 @@ class QueueCollector:
             counts = {
                 "due": row["pending_due"],
                 "scheduled": row["scheduled"],
+                "blocked": row["blocked"],
                 "running": row["running"],
                 "dead": row["dead"],
             }

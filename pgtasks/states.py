@@ -50,6 +50,8 @@ class Status:
     """The ``status`` column of a task row."""
 
     PENDING = "PENDING"
+    #: Due, but held back by a concurrency limit until a running task of its key finishes.
+    BLOCKED = "BLOCKED"
     RUNNING = "RUNNING"
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
@@ -61,7 +63,7 @@ class Status:
 
 def celery_state(status: str | None, retries: int = 0) -> str:
     """The Celery state a row's status shows as (PENDING for an unknown task, as in Celery)."""
-    if status is None or status == Status.PENDING:
+    if status is None or status == Status.PENDING or status == Status.BLOCKED:
         return RETRY if status is not None and retries > 0 else PENDING
     return {
         Status.RUNNING: STARTED,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 import structlog
 
-from pgtasks import exceptions, ratelimits, signals, tracing, unique
+from pgtasks import concurrency, exceptions, ratelimits, signals, tracing, unique
 from pgtasks.exceptions import ImproperlyConfigured
 from pgtasks.request import Request
 from pgtasks.retry import exponential_backoff
@@ -73,6 +73,13 @@ class Task(Generic[P, R]):
     unique_on: unique.UniqueOn | None = None
     #: How long a unique key is held: "finished" (default), "started", or a duration.
     unique_for: unique.UniqueFor | None = None
+    #: Global concurrency limit (see pgtasks.concurrency): at most this many calls running at
+    #: once across every worker; per key when ``concurrency_key`` is set. None: no limit.
+    concurrency_limit: int | None = None
+    #: What the limit is counted by: argument names (one count per value, e.g.
+    #: ``("customer_id",)``), or a function of the arguments that returns the key (None: that
+    #: call is not limited). Unset: the task as a whole.
+    concurrency_key: concurrency.ConcurrencyKey | None = None
 
     MaxRetriesExceededError = exceptions.MaxRetriesExceededError
 
@@ -90,13 +97,23 @@ class Task(Generic[P, R]):
         try:
             ratelimits.rate(self.rate_limit)
             unique.hold(self.unique_for)
+            concurrency.check_limit(self.concurrency_limit)
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"task {name!r}: {exc}") from None
-        self._call_signature = (
-            unique.call_signature(fun, bind) if self.unique_on is not None else None
+        if self.concurrency_key is not None and self.concurrency_limit is None:
+            raise ImproperlyConfigured(
+                f"task {name!r}: concurrency_key needs concurrency_limit (how many may run "
+                "at once for each key)"
+            )
+        by_names = self.unique_on is not None or (
+            self.concurrency_key is not None and not callable(self.concurrency_key)
         )
+        self._call_signature = unique.call_signature(fun, bind) if by_names else None
         try:
             unique.check_unique_on(name, self._call_signature, self.unique_on)
+            unique.check_unique_on(
+                name, self._call_signature, self.concurrency_key, "concurrency_key"
+            )
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(str(exc)) from None
         # A context variable rather than a thread-local: each thread starts with a context of
@@ -481,6 +498,11 @@ class Task(Generic[P, R]):
             raise ValueError(
                 f"unique_for needs a key: give unique_key, or unique_on to task {self.name!r}"
             )
+        limited = self._concurrency(
+            options.pop("concurrency_key", None),
+            options.pop("concurrency_limit", None),
+            settings.queue_concurrency_limits,
+        )
         if options:
             # Celery options without a meaning here are accepted, so calling code keeps working.
             base_headers.setdefault("options", {k: v for k, v in options.items() if _is_plain(v)})
@@ -514,6 +536,10 @@ class Task(Generic[P, R]):
             if call_queue is None:
                 call_queue = _check_queue(self.app.route(name, args, kwargs) or default_queue)
             call_headers = dict(base_headers)
+            if limited is not None:
+                limit = limited(call_queue, args, kwargs)
+                if limit is not None:
+                    call_headers[concurrency.KEY], call_headers[concurrency.LIMIT] = limit
             # A small payload has a small repr: the plain one is several times faster.
             small = len(body.data) <= REPR_MAX
             call_headers["argsrepr"] = (
@@ -540,6 +566,61 @@ class Task(Generic[P, R]):
             return self._unique(msg, unique_key, unique_on, held, args, kwargs)
 
         return make
+
+    def _concurrency(
+        self, call_key: Any, call_limit: Any, queue_limits: dict[str, int]
+    ) -> Callable[[str, tuple[Any, ...], dict[str, Any]], tuple[str, int] | None] | None:
+        """How each call's concurrency key and limit are found (None: no call is limited).
+
+        A call's own ``concurrency_key``/``concurrency_limit`` win over the task's; a task's
+        limit and its queue's cannot both hold one call (a row is counted under one key).
+        """
+        limit = concurrency.check_limit(call_limit)
+        if call_key is not None:
+            if not isinstance(call_key, str) or not call_key:
+                raise TypeError(f"concurrency_key must be a non-empty string, not {call_key!r}")
+            call_key = _check_text("concurrency_key", call_key)
+            if limit is None:
+                limit = self.concurrency_limit
+            if limit is None:
+                raise ValueError(
+                    f"concurrency_key needs a concurrency_limit: task {self.name!r} has none"
+                )
+        elif limit is None:
+            limit = self.concurrency_limit
+        key_on = self.concurrency_key if call_key is None else None
+        if limit is None and not queue_limits:
+            return None
+        name = self.name
+
+        def find(
+            queue: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+        ) -> tuple[str, int] | None:
+            by_queue = queue_limits.get(queue)
+            if limit is None:
+                return None if by_queue is None else (concurrency.queue_key(queue), by_queue)
+            if call_key is not None:
+                key: str | None = call_key
+            elif key_on is None:
+                key = concurrency.task_key(name)
+            else:
+                sig = None if callable(key_on) else self._signature()
+                key = unique.key_for(name, sig, key_on, args, kwargs, "concurrency_key")
+                if key is None:
+                    return None if by_queue is None else (concurrency.queue_key(queue), by_queue)
+                key = _check_text("concurrency key", key)
+                if not callable(key_on):
+                    key = concurrency.task_key(key)
+            if by_queue is not None:
+                raise ValueError(
+                    f"cannot enqueue {name}: queue {queue!r} has a concurrency limit and so "
+                    f"does this call (key {key!r}); a task is held by one limit: route it to "
+                    "another queue, or drop one of the limits"
+                )
+            assert key is not None
+            return key, limit
+
+        return find
 
     def _unique(
         self,

@@ -71,21 +71,25 @@ def call_signature(fun: Callable[..., Any], bound: bool) -> inspect.Signature | 
 
 
 def check_unique_on(
-    task_name: str, sig: inspect.Signature | None, unique_on: UniqueOn | None
+    task_name: str,
+    sig: inspect.Signature | None,
+    unique_on: UniqueOn | None,
+    option: str = "unique_on",
 ) -> None:
-    """Refuse, when the task is defined, a ``unique_on`` naming no argument of the task."""
+    """Refuse, when the task is defined, a ``unique_on`` (or another ``option`` naming
+    arguments) naming no argument of the task."""
     if unique_on is None or callable(unique_on):
         return
     if isinstance(unique_on, str) or not all(isinstance(n, str) for n in unique_on):
         raise TypeError(
-            f"task {task_name!r}: unique_on must be a sequence of argument names or a "
+            f"task {task_name!r}: {option} must be a sequence of argument names or a "
             f"function of the arguments, not {unique_on!r}"
         )
     if not unique_on:
-        raise ValueError(f"task {task_name!r}: unique_on names no argument")
+        raise ValueError(f"task {task_name!r}: {option} names no argument")
     if sig is None:
         raise ValueError(
-            f"task {task_name!r}: unique_on needs a function whose arguments "
+            f"task {task_name!r}: {option} needs a function whose arguments "
             "Python can read; give a function of the arguments instead"
         )
     params = sig.parameters
@@ -94,7 +98,7 @@ def check_unique_on(
     missing = [n for n in unique_on if n not in params]
     if missing:
         raise ValueError(
-            f"task {task_name!r}: unique_on names {missing}, which are not arguments of "
+            f"task {task_name!r}: {option} names {missing}, which are not arguments of "
             f"the task (it takes {list(params)})"
         )
 
@@ -105,16 +109,18 @@ def key_for(
     unique_on: UniqueOn,
     args: Sequence[Any],
     kwargs: dict[str, Any],
+    option: str = "unique_on",
 ) -> str | None:
     """The key of one call: ``task name:`` and the named arguments as json, or what the
-    ``unique_on`` function returns (None: this call is not unique)."""
+    ``unique_on`` function returns (None: this call is not unique). ``option`` names the
+    setting in errors."""
     if callable(unique_on):
         key = unique_on(*args, **kwargs)
         if key is None:
             return None
         if not isinstance(key, str):
             raise TypeError(
-                f"task {task_name!r}: unique_on returned {type(key).__name__}, not a string"
+                f"task {task_name!r}: {option} returned {type(key).__name__}, not a string"
             )
         return key
     assert sig is not None, "argument names need the task's signature"
@@ -130,7 +136,7 @@ def key_for(
     picked = {}
     for name in unique_on:
         if name not in values:
-            raise ValueError(f"cannot enqueue {task_name}: unique_on argument {name!r} not given")
+            raise ValueError(f"cannot enqueue {task_name}: {option} argument {name!r} not given")
         picked[name] = values[name]
     text = json.dumps(picked, sort_keys=True, separators=(",", ":"), default=repr)
     return f"{task_name}:{text}"

@@ -57,6 +57,7 @@ def _plural(n: int, word: str) -> str:
 _ZERO = {
     "pending_due": 0,
     "scheduled": 0,
+    "blocked": 0,
     "running": 0,
     "expired_leases": 0,
     "dead": 0,
@@ -83,7 +84,8 @@ _ZERO = {
 def queues(ctx: click.Context, queues: str | None, window: float, as_json: bool) -> None:
     """Show what each queue holds and how fast it drains.
 
-    Per queue: tasks due now, scheduled for later (eta, countdown, retry backoff), running,
+    Per queue: tasks due now, scheduled for later (eta, countdown, retry backoff), blocked
+    by a concurrency limit (shown when any is), running,
     dead-lettered, how long the oldest due task has waited, leases that expired (their worker
     died or lost the database; a worker's reclaimer takes them back), and attempts finished
     per minute over the window.
@@ -107,13 +109,15 @@ def queues(ctx: click.Context, queues: str | None, window: float, as_json: bool)
     if not ordered:
         click.echo("No tasks in any queue.")
         return
-    headers = ["QUEUE", "DUE", "SCHEDULED", "RUNNING", "DEAD", "OLDEST DUE"]
-    headers += ["EXPIRED LEASES", "DONE/MIN"]
+    blocked = any(r["blocked"] for r in ordered)
+    headers = ["QUEUE", "DUE", "SCHEDULED", *(["BLOCKED"] if blocked else []), "RUNNING"]
+    headers += ["DEAD", "OLDEST DUE", "EXPIRED LEASES", "DONE/MIN"]
     table = [
         [
             r["queue"],
             str(r["pending_due"]),
             str(r["scheduled"]),
+            *([str(r["blocked"])] if blocked else []),
             str(r["running"]),
             str(r["dead"]),
             duration(r["oldest_due_age"]),

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 Row = dict[str, Any]
 
 #: Row statuses, in the order a task moves through them.
-STATUSES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "DEAD")
+STATUSES = ("PENDING", "BLOCKED", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "DEAD")
 #: Minutes shown by the throughput chart.
 CHART_MINUTES = 60
 #: Seconds over which the queues page counts finished rows and throughput.

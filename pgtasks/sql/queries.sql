@@ -45,8 +45,8 @@ WITH ins AS (
          %(headers)s::jsonb, %(max_retries)s, %(unique_key)s, %(until_started)s)
     ON CONFLICT (unique_key)
        WHERE unique_key IS NOT NULL
-         AND CASE WHEN unique_until_started THEN status = 'PENDING' AND attempt = 0
-                  ELSE status IN ('PENDING', 'RUNNING') END
+         AND CASE WHEN unique_until_started THEN status IN ('PENDING', 'BLOCKED') AND attempt = 0
+                  ELSE status IN ('PENDING', 'BLOCKED', 'RUNNING') END
     DO NOTHING
     RETURNING id
 )
@@ -56,8 +56,8 @@ SELECT t.id, false
   FROM {schema}.tasks AS t
  WHERE NOT EXISTS (SELECT 1 FROM ins)
    AND t.unique_key = %(unique_key)s
-   AND CASE WHEN t.unique_until_started THEN t.status = 'PENDING' AND t.attempt = 0
-            ELSE t.status IN ('PENDING', 'RUNNING') END
+   AND CASE WHEN t.unique_until_started THEN t.status IN ('PENDING', 'BLOCKED') AND t.attempt = 0
+            ELSE t.status IN ('PENDING', 'BLOCKED', 'RUNNING') END
 
 -- name: insert_task_unique_window
 -- Enqueue one task unless its key was taken less than its window ago: then insert nothing and
@@ -108,11 +108,15 @@ SELECT i.id, i.name, i.queue, i.priority,
 -- lock with SKIP LOCKED, mark RUNNING under this worker's lease, bump the attempt (the fencing token).
 -- The RETURNING columns are in the order of pgtasks.message.ClaimedTask's fields (built positionally).
 -- One ordered index scan per queue (a plain "queue = ANY(...)" would sort every pending row).
+-- Rows under a concurrency limit start only while their key has room (see "counted"); the
+-- others are set BLOCKED and come back with blocked = true (the caller drops them).
 WITH due AS (
-    SELECT c.id
+    SELECT c.id, c.priority, c.run_at, c.created_at, c.limit_key, c.limit_max
       FROM unnest(%(queues)s::text[]) AS q(name)
      CROSS JOIN LATERAL (
-            SELECT id, priority, run_at, created_at
+            SELECT id, priority, run_at, created_at,
+                   {schema}.concurrency_key(headers) AS limit_key,
+                   headers ->> 'concurrency_limit' AS limit_max
               FROM {schema}.tasks
              WHERE status = 'PENDING'
                AND queue = q.name
@@ -123,34 +127,68 @@ WITH due AS (
            ) AS c
      ORDER BY c.priority DESC, c.run_at, c.created_at
      LIMIT %(limit)s
+), wanted AS (
+    SELECT limit_key AS key, count(*)::int AS n, max(limit_max::int) AS most
+      FROM due
+     WHERE limit_key IS NOT NULL
+     GROUP BY limit_key
+), counted AS (
+    -- Each key's RUNNING count: the upsert locks the key's row (keys in order), so claims of
+    -- one key decide one after another on its latest count. A key starts as many of its rows
+    -- as it has room for. "granted" reads that number back: an update stores it, never more
+    -- than the new count; an insert stores the rows wanted, which LEAST brings down to the
+    -- count it started.
+    INSERT INTO {schema}.concurrency_limits AS l (key, max_running, running, granted)
+    SELECT key, most, LEAST(n, most), n FROM wanted ORDER BY key
+    ON CONFLICT (key) DO UPDATE
+       SET max_running = EXCLUDED.max_running,
+           running = l.running
+                     + GREATEST(0, LEAST(EXCLUDED.granted, EXCLUDED.max_running - l.running)),
+           granted = GREATEST(0, LEAST(EXCLUDED.granted, EXCLUDED.max_running - l.running)),
+           updated_at = now()
+    RETURNING l.key, LEAST(l.granted, l.running) AS granted
+), held AS (
+    -- The limited rows past their key's room, in claim order within each key.
+    SELECT r.id
+      FROM (SELECT id, limit_key AS key,
+                   row_number() OVER (PARTITION BY limit_key
+                                      ORDER BY priority DESC, run_at, created_at) AS place
+              FROM due
+             WHERE limit_key IS NOT NULL) AS r
+      JOIN counted AS c USING (key)
+     WHERE r.place > c.granted
 )
 UPDATE {schema}.tasks AS t
-   SET status = 'RUNNING',
-       claimed_by = %(worker)s,
+   SET status = CASE WHEN held.id IS NULL THEN 'RUNNING' ELSE 'BLOCKED' END,
+       claimed_by = CASE WHEN held.id IS NULL THEN %(worker)s END,
        -- A row edited by hand to the integer's top must not fail every claim of its queue.
-       attempt = LEAST(t.attempt, 2147483646) + 1,
-       lease_until = now() + make_interval(secs => %(lease)s::float8),
+       attempt = CASE WHEN held.id IS NULL THEN LEAST(t.attempt, 2147483646) + 1
+                      ELSE t.attempt END,
+       lease_until = CASE WHEN held.id IS NULL
+                          THEN now() + make_interval(secs => %(lease)s::float8) END,
        updated_at = now()
-  FROM due
+  FROM due LEFT JOIN held USING (id)
  WHERE t.id = due.id
 RETURNING t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
           t.content_type, t.content_encoding, t.payload::text AS payload, t.payload_raw,
           t.headers, t.run_at, t.expires_at,
           (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
-          t.created_at, t.requeued_attempt
+          t.created_at, t.requeued_attempt, held.id IS NOT NULL AS blocked
 
 -- name: claim_batch_from_floors
 -- claim_batch for a worker whose full claims have become slow (see pgtasks.worker.floors): the
 -- known (queue, priority) bands are read from their floors on, the priority ranges between them
--- in full. Same locking, update and RETURNING columns as claim_batch.
+-- in full. Same locking, concurrency limits, update and RETURNING columns as claim_batch.
 WITH due AS (
-    SELECT c.id, c.priority, c.run_at, c.created_at
+    SELECT c.id, c.priority, c.run_at, c.created_at, c.limit_key, c.limit_max
       FROM unnest(%(band_queues)s::text[], %(band_priorities)s::int[],
                   %(band_floors)s::timestamptz[]) AS b(queue, priority, floor)
      CROSS JOIN LATERAL (
             -- Equal queue and priority: the floor bounds the index search itself, so entries
             -- behind it are never visited.
-            SELECT id, priority, run_at, created_at
+            SELECT id, priority, run_at, created_at,
+                   {schema}.concurrency_key(headers) AS limit_key,
+                   headers ->> 'concurrency_limit' AS limit_max
               FROM {schema}.tasks
              WHERE status = 'PENDING'
                AND queue = b.queue
@@ -162,11 +200,13 @@ WITH due AS (
                FOR UPDATE SKIP LOCKED
            ) AS c
     UNION ALL
-    SELECT c.id, c.priority, c.run_at, c.created_at
+    SELECT c.id, c.priority, c.run_at, c.created_at, c.limit_key, c.limit_max
       FROM unnest(%(gap_queues)s::text[], %(gap_lows)s::int[], %(gap_highs)s::int[])
            AS g(queue, low, high)
      CROSS JOIN LATERAL (
-            SELECT id, priority, run_at, created_at
+            SELECT id, priority, run_at, created_at,
+                   {schema}.concurrency_key(headers) AS limit_key,
+                   headers ->> 'concurrency_limit' AS limit_max
               FROM {schema}.tasks
              WHERE status = 'PENDING'
                AND queue = g.queue
@@ -178,21 +218,53 @@ WITH due AS (
            ) AS c
      ORDER BY priority DESC, run_at, created_at
      LIMIT %(limit)s
+), wanted AS (
+    SELECT limit_key AS key, count(*)::int AS n, max(limit_max::int) AS most
+      FROM due
+     WHERE limit_key IS NOT NULL
+     GROUP BY limit_key
+), counted AS (
+    -- Each key's RUNNING count: the upsert locks the key's row (keys in order), so claims of
+    -- one key decide one after another on its latest count. A key starts as many of its rows
+    -- as it has room for. "granted" reads that number back: an update stores it, never more
+    -- than the new count; an insert stores the rows wanted, which LEAST brings down to the
+    -- count it started.
+    INSERT INTO {schema}.concurrency_limits AS l (key, max_running, running, granted)
+    SELECT key, most, LEAST(n, most), n FROM wanted ORDER BY key
+    ON CONFLICT (key) DO UPDATE
+       SET max_running = EXCLUDED.max_running,
+           running = l.running
+                     + GREATEST(0, LEAST(EXCLUDED.granted, EXCLUDED.max_running - l.running)),
+           granted = GREATEST(0, LEAST(EXCLUDED.granted, EXCLUDED.max_running - l.running)),
+           updated_at = now()
+    RETURNING l.key, LEAST(l.granted, l.running) AS granted
+), held AS (
+    -- The limited rows past their key's room, in claim order within each key.
+    SELECT r.id
+      FROM (SELECT id, limit_key AS key,
+                   row_number() OVER (PARTITION BY limit_key
+                                      ORDER BY priority DESC, run_at, created_at) AS place
+              FROM due
+             WHERE limit_key IS NOT NULL) AS r
+      JOIN counted AS c USING (key)
+     WHERE r.place > c.granted
 )
 UPDATE {schema}.tasks AS t
-   SET status = 'RUNNING',
-       claimed_by = %(worker)s,
+   SET status = CASE WHEN held.id IS NULL THEN 'RUNNING' ELSE 'BLOCKED' END,
+       claimed_by = CASE WHEN held.id IS NULL THEN %(worker)s END,
        -- A row edited by hand to the integer's top must not fail every claim of its queue.
-       attempt = LEAST(t.attempt, 2147483646) + 1,
-       lease_until = now() + make_interval(secs => %(lease)s::float8),
+       attempt = CASE WHEN held.id IS NULL THEN LEAST(t.attempt, 2147483646) + 1
+                      ELSE t.attempt END,
+       lease_until = CASE WHEN held.id IS NULL
+                          THEN now() + make_interval(secs => %(lease)s::float8) END,
        updated_at = now()
-  FROM due
+  FROM due LEFT JOIN held USING (id)
  WHERE t.id = due.id
 RETURNING t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
           t.content_type, t.content_encoding, t.payload::text AS payload, t.payload_raw,
           t.headers, t.run_at, t.expires_at,
           (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
-          t.created_at, t.requeued_attempt
+          t.created_at, t.requeued_attempt, held.id IS NOT NULL AS blocked
 
 -- name: rows_behind_floors
 -- For each known (queue, priority) band, the earliest due PENDING row behind its floor, which
@@ -269,7 +341,7 @@ WITH input AS (
      WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = owned.id AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
     RETURNING t.id, t.attempt, t.status, t.error, i.store, i.content_type, i.result,
-              i.started_at, i.state
+              i.started_at, i.state, {schema}.concurrency_key(t.headers) AS limit_key
 ), saved AS (
     INSERT INTO {schema}.results AS r (task_id, state, content_type, result, traceback, date_done)
     SELECT d.id, CASE d.status WHEN 'COMPLETED' THEN d.state ELSE 'REVOKED' END,
@@ -287,8 +359,23 @@ WITH input AS (
            d.error
       FROM done AS d
     ON CONFLICT DO NOTHING
+), gone AS (
+    -- Concurrency limits: the keys whose RUNNING rows ended here give their count back.
+    SELECT limit_key AS key, count(*)::int AS n FROM done WHERE limit_key IS NOT NULL
+     GROUP BY limit_key
+), freeing AS (
+    -- Locked in key order (as claims lock them), so no two statements deadlock.
+    SELECT l.key FROM {schema}.concurrency_limits AS l
+     WHERE l.key = ANY(ARRAY(SELECT key FROM gone))
+     ORDER BY l.key
+       FOR UPDATE
+), freed AS (
+    UPDATE {schema}.concurrency_limits AS l
+       SET running = GREATEST(l.running - g.n, 0), updated_at = now()
+      FROM gone AS g JOIN freeing USING (key)
+     WHERE l.key = g.key
 )
-SELECT id, status FROM done
+SELECT id, status, limit_key FROM done
 
 -- name: fail_batch
 -- Fenced terminal failure: FAILED (a non-retried error) or DEAD (retry budget spent, worker lost,
@@ -320,7 +407,7 @@ WITH input AS (
       FROM owned JOIN input AS i USING (id)
      WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = owned.id AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
-    RETURNING t.id, t.attempt, t.status, t.error
+    RETURNING t.id, t.attempt, t.status, t.error, {schema}.concurrency_key(t.headers) AS limit_key
 ), saved AS (
     INSERT INTO {schema}.results AS r (task_id, state, content_type, result, traceback, date_done)
     SELECT d.id, CASE d.status WHEN 'CANCELLED' THEN 'REVOKED' ELSE 'FAILURE' END,
@@ -336,8 +423,23 @@ WITH input AS (
            lower(d.status), d.error
       FROM done AS d JOIN input AS i USING (id)
     ON CONFLICT DO NOTHING
+), gone AS (
+    -- Concurrency limits: the keys whose RUNNING rows ended here give their count back.
+    SELECT limit_key AS key, count(*)::int AS n FROM done WHERE limit_key IS NOT NULL
+     GROUP BY limit_key
+), freeing AS (
+    -- Locked in key order (as claims lock them), so no two statements deadlock.
+    SELECT l.key FROM {schema}.concurrency_limits AS l
+     WHERE l.key = ANY(ARRAY(SELECT key FROM gone))
+     ORDER BY l.key
+       FOR UPDATE
+), freed AS (
+    UPDATE {schema}.concurrency_limits AS l
+       SET running = GREATEST(l.running - g.n, 0), updated_at = now()
+      FROM gone AS g JOIN freeing USING (key)
+     WHERE l.key = g.key
 )
-SELECT id, status FROM done
+SELECT id, status, limit_key FROM done
 
 -- name: retry_batch
 -- Fenced retry: back to PENDING at the given time (eta, or now() + delay on the database clock),
@@ -370,7 +472,7 @@ WITH input AS (
       FROM owned JOIN input AS i USING (id)
      WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = owned.id AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
-    RETURNING t.id, t.attempt, t.status, t.run_at
+    RETURNING t.id, t.attempt, t.status, t.run_at, {schema}.concurrency_key(t.headers) AS limit_key
 ), saved AS (
     INSERT INTO {schema}.results AS r (task_id, state, content_type, result, traceback, date_done)
     SELECT d.id, 'RETRY', i.content_type, i.result, i.traceback, now()
@@ -386,12 +488,28 @@ WITH input AS (
       FROM done AS d JOIN input AS i USING (id)
      WHERE i.outcome IS NOT NULL
     ON CONFLICT DO NOTHING
+), gone AS (
+    -- Concurrency limits: the keys whose RUNNING rows ended here give their count back.
+    SELECT limit_key AS key, count(*)::int AS n FROM done WHERE limit_key IS NOT NULL
+     GROUP BY limit_key
+), freeing AS (
+    -- Locked in key order (as claims lock them), so no two statements deadlock.
+    SELECT l.key FROM {schema}.concurrency_limits AS l
+     WHERE l.key = ANY(ARRAY(SELECT key FROM gone))
+     ORDER BY l.key
+       FOR UPDATE
+), freed AS (
+    UPDATE {schema}.concurrency_limits AS l
+       SET running = GREATEST(l.running - g.n, 0), updated_at = now()
+      FROM gone AS g JOIN freeing USING (key)
+     WHERE l.key = g.key
 )
-SELECT id, status, run_at FROM done
+SELECT id, status, limit_key, run_at FROM done
 
 -- name: release_batch
 -- Fenced hand-back of claimed rows that never started (shutdown, unknown task name): PENDING
--- again after the given delay, the claim's attempt given back. A revoke that arrived wins.
+-- again after the given delay, the claim's attempt given back, and a concurrency limit's
+-- count. A revoke that arrived wins.
 WITH input AS (
     SELECT *
       FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(delays)s::float8[], %(errors)s::text[])
@@ -404,25 +522,43 @@ WITH input AS (
      WHERE t.id = ANY(%(ids)s::text[]) AND t.claimed_by = %(worker)s
      ORDER BY t.id
        FOR UPDATE OF t
+), done AS (
+    UPDATE {schema}.tasks AS t
+       SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
+           attempt = t.attempt - 1,
+           -- A key held only until started was let go at the claim: another task may hold it.
+           unique_key = CASE WHEN t.unique_until_started THEN NULL ELSE t.unique_key END,
+           run_at = now() + make_interval(secs => i.delay),
+           error = COALESCE(i.error, t.error),
+           claimed_by = NULL, lease_until = NULL, updated_at = now()
+      FROM owned JOIN input AS i USING (id)
+     WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = owned.id AND t.attempt = i.attempt
+       AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
+    RETURNING t.id, t.status, {schema}.concurrency_key(t.headers) AS limit_key
+), gone AS (
+    -- Concurrency limits: the keys whose RUNNING rows ended here give their count back.
+    SELECT limit_key AS key, count(*)::int AS n FROM done WHERE limit_key IS NOT NULL
+     GROUP BY limit_key
+), freeing AS (
+    -- Locked in key order (as claims lock them), so no two statements deadlock.
+    SELECT l.key FROM {schema}.concurrency_limits AS l
+     WHERE l.key = ANY(ARRAY(SELECT key FROM gone))
+     ORDER BY l.key
+       FOR UPDATE
+), freed AS (
+    UPDATE {schema}.concurrency_limits AS l
+       SET running = GREATEST(l.running - g.n, 0), updated_at = now()
+      FROM gone AS g JOIN freeing USING (key)
+     WHERE l.key = g.key
 )
-UPDATE {schema}.tasks AS t
-   SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
-       attempt = t.attempt - 1,
-       -- A key held only until started was let go at the claim: another task may hold it.
-       unique_key = CASE WHEN t.unique_until_started THEN NULL ELSE t.unique_key END,
-       run_at = now() + make_interval(secs => i.delay),
-       error = COALESCE(i.error, t.error),
-       claimed_by = NULL, lease_until = NULL, updated_at = now()
-  FROM owned JOIN input AS i USING (id)
- WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = owned.id AND t.attempt = i.attempt
-   AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
-RETURNING t.id, t.status
+SELECT id, status, limit_key FROM done
 
 -- name: take_rate_slots
 -- Rate limits: give each rate-limited row of a claim its start time ("slot"), one interval apart
 -- per key in claim order, whichever worker asks (the key's row is locked by the upsert, keys in
 -- order). A row whose slot is later than now is handed back, due at its slot and marked as
--- admitted (the claim's attempt given back; a revoke that arrived wins); the others run now.
+-- admitted (the claim's attempt and a concurrency limit's count given back; a revoke that
+-- arrived wins); the others run now.
 WITH input AS (
     SELECT i.id, i.attempt, i.key, i.every,
            row_number() OVER (PARTITION BY i.key ORDER BY i.ord) - 1 AS place
@@ -459,14 +595,97 @@ WITH input AS (
      WHERE t.id = ANY(%(ids)s::text[]) AND t.id = owned.id AND t.id = s.id
        AND t.attempt = s.attempt
        AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
-    RETURNING t.id
+    RETURNING t.id, {schema}.concurrency_key(t.headers) AS limit_key
+), gone AS (
+    -- Concurrency limits: the keys whose RUNNING rows ended here give their count back.
+    SELECT limit_key AS key, count(*)::int AS n FROM deferred WHERE limit_key IS NOT NULL
+     GROUP BY limit_key
+), freeing AS (
+    -- Locked in key order (as claims lock them), so no two statements deadlock.
+    SELECT l.key FROM {schema}.concurrency_limits AS l
+     WHERE l.key = ANY(ARRAY(SELECT key FROM gone))
+     ORDER BY l.key
+       FOR UPDATE
+), freed AS (
+    UPDATE {schema}.concurrency_limits AS l
+       SET running = GREATEST(l.running - g.n, 0), updated_at = now()
+      FROM gone AS g JOIN freeing USING (key)
+     WHERE l.key = g.key
 )
-SELECT s.id, s.slot, s.slot > now() AS deferred FROM slots AS s
+SELECT s.id, s.slot, s.slot > now() AS deferred, d.limit_key
+  FROM slots AS s LEFT JOIN deferred AS d USING (id)
+
+-- name: unblock
+-- Concurrency limits: move BLOCKED rows of the given keys back to PENDING, as many per key as
+-- it has room (one for a key without a count yet), in claim order, and wake the workers of
+-- their queues. Run after a statement gave a key's count back, in a statement of its own: its
+-- snapshot then sees every row a claim blocked before that (a claim of the key held the key's
+-- row until it committed). A row moved back does not hold a place: a claim decides again.
+WITH room AS (
+    SELECT k.key, COALESCE(l.max_running - l.running, 1) AS free
+      FROM unnest(%(keys)s::text[]) AS k(key)
+      LEFT JOIN {schema}.concurrency_limits AS l ON l.key = k.key
+), picked AS (
+    SELECT b.id
+      FROM room
+     CROSS JOIN LATERAL (
+            SELECT id
+              FROM {schema}.tasks
+             WHERE status = 'BLOCKED' AND headers ->> 'concurrency_key' = room.key
+             ORDER BY priority DESC, run_at, created_at
+             LIMIT GREATEST(room.free, 0)
+               FOR UPDATE SKIP LOCKED
+           ) AS b
+), moved AS (
+    UPDATE {schema}.tasks AS t
+       SET status = 'PENDING', updated_at = now()
+      FROM picked
+     WHERE t.id = picked.id AND t.status = 'BLOCKED'
+    RETURNING t.queue, t.run_at
+)
+SELECT count(*)::int AS n,
+       (SELECT count(pg_notify(%(channel)s, q.queue))
+          FROM (SELECT DISTINCT queue FROM moved WHERE run_at <= now()) AS q) AS notified
+  FROM moved
+
+-- name: blocked_keys
+-- Keys with BLOCKED rows and room to start one (their count below their limit, or no count),
+-- up to %(limit)s from %(after)s on in key order: the rows a lost unblock left behind (a worker
+-- killed between giving a count back and moving its key's rows), or a limit raised since.
+WITH RECURSIVE keys AS (
+    (SELECT headers ->> 'concurrency_key' AS key
+       FROM {schema}.tasks
+      WHERE status = 'BLOCKED' AND headers ->> 'concurrency_key' > %(after)s
+      ORDER BY 1 LIMIT 1)
+    UNION ALL
+    SELECT (SELECT headers ->> 'concurrency_key'
+              FROM {schema}.tasks
+             WHERE status = 'BLOCKED' AND headers ->> 'concurrency_key' > keys.key
+             ORDER BY 1 LIMIT 1)
+      FROM keys
+     WHERE keys.key IS NOT NULL
+)
+SELECT k.key
+  FROM keys AS k
+  LEFT JOIN {schema}.concurrency_limits AS l ON l.key = k.key
+ WHERE k.key IS NOT NULL AND (l.key IS NULL OR l.running < l.max_running)
+ LIMIT %(limit)s
+
+-- name: prune_concurrency_limits
+-- Drop the counts of keys with nothing running or blocked for an hour (a claim makes one again).
+DELETE FROM {schema}.concurrency_limits AS l
+ WHERE l.key IN (SELECT c.key FROM {schema}.concurrency_limits AS c
+                  WHERE c.running = 0 AND c.updated_at < now() - interval '1 hour'
+                  LIMIT %(limit)s
+                    FOR UPDATE SKIP LOCKED)
+   AND l.running = 0
+   AND NOT EXISTS (SELECT 1 FROM {schema}.tasks AS t
+                    WHERE t.status = 'BLOCKED' AND t.headers ->> 'concurrency_key' = l.key)
 
 -- name: reclaim_expired
 -- Take back rows whose lease ran out (their worker died or lost the database): PENDING again,
 -- or DEAD with reason "worker lost" once the task has lost %(max_lost)s workers (since its last
--- requeue from the dead letters, if any). Returns the previous owner for the log, and the chord
+-- requeue from the dead letters, if any), giving a concurrency limit's count back. Returns the previous owner for the log, and the chord
 -- a finished row belongs to (for its counter). Leases that ran out before %(floor)s (NULL: no
 -- floor) are left to a later call without one.
 WITH expired AS (
@@ -488,21 +707,36 @@ WITH expired AS (
       FROM expired AS e
      WHERE t.id = e.id
     RETURNING t.id, t.name, t.queue, t.status, t.attempt, t.retries, e.claimed_by AS previous_owner,
-              t.headers ->> 'chord' AS chord
+              t.headers ->> 'chord' AS chord, {schema}.concurrency_key(t.headers) AS limit_key
 ), history AS (
     INSERT INTO {schema}.attempts (task_id, attempt, worker, outcome, error)
     SELECT d.id, d.attempt, d.previous_owner, 'lost', 'lease expired'
       FROM done AS d
     ON CONFLICT DO NOTHING
+), gone AS (
+    -- Concurrency limits: the keys whose RUNNING rows ended here give their count back.
+    SELECT limit_key AS key, count(*)::int AS n FROM done WHERE limit_key IS NOT NULL
+     GROUP BY limit_key
+), freeing AS (
+    -- Locked in key order (as claims lock them), so no two statements deadlock.
+    SELECT l.key FROM {schema}.concurrency_limits AS l
+     WHERE l.key = ANY(ARRAY(SELECT key FROM gone))
+     ORDER BY l.key
+       FOR UPDATE
+), freed AS (
+    UPDATE {schema}.concurrency_limits AS l
+       SET running = GREATEST(l.running - g.n, 0), updated_at = now()
+      FROM gone AS g JOIN freeing USING (key)
+     WHERE l.key = g.key
 )
-SELECT id, name, queue, status, attempt, retries, previous_owner, chord FROM done
+SELECT id, name, queue, status, attempt, retries, previous_owner, chord, limit_key FROM done
 
 -- name: transaction_time
 -- The current transaction's start on the database clock (what now() reads in its statements).
 SELECT now() AS now
 
 -- name: revoke
--- Cancel a task: PENDING becomes CANCELLED at once; RUNNING gets cancel_requested, which blocks a
+-- Cancel a task: PENDING (or BLOCKED) becomes CANCELLED at once; RUNNING gets cancel_requested, which blocks a
 -- SUCCESS write. Its worker hears of it by NOTIFY on the cancel channel ("<id> <signal>", sent
 -- at commit), and from its next renewal should that be lost. The signal to stop the task with
 -- (terminate=True) stays in the headers for the renewal's path; revoked_by names who asked
@@ -512,10 +746,10 @@ WITH who AS (
                     current_user::text) AS name
 ), revoked AS (
     UPDATE {schema}.tasks
-       SET status = CASE WHEN status = 'PENDING' THEN 'CANCELLED' ELSE status END,
+       SET status = CASE WHEN status = 'RUNNING' THEN status ELSE 'CANCELLED' END,
            cancel_requested = true,
            -- Celery's message: AsyncResult.get() raises TaskRevokedError('revoked').
-           error = CASE WHEN status = 'PENDING' THEN 'revoked' ELSE error END,
+           error = CASE WHEN status = 'RUNNING' THEN error ELSE 'revoked' END,
            headers = CASE WHEN jsonb_typeof(headers) = 'object'
                           THEN headers || jsonb_strip_nulls(jsonb_build_object(
                                    'revoked_by', who.name,
@@ -524,7 +758,7 @@ WITH who AS (
                           ELSE headers END,
            updated_at = now()
       FROM who
-     WHERE id = %(id)s AND status IN ('PENDING', 'RUNNING')
+     WHERE id = %(id)s AND status IN ('PENDING', 'BLOCKED', 'RUNNING')
     RETURNING id, status
 )
 SELECT status,
@@ -587,7 +821,7 @@ DELETE FROM {schema}.workers WHERE id = %(id)s
 -- name: purge
 -- Delete waiting tasks (of the given queues, or all when NULL); running ones are left alone.
 DELETE FROM {schema}.tasks
- WHERE status = 'PENDING'
+ WHERE status IN ('PENDING', 'BLOCKED')
    AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
 
 -- name: prune_finished
@@ -655,11 +889,13 @@ SELECT row_security_active(c.oid) AS active
  WHERE n.nspname = %(schema)s AND c.relname = 'tasks'
 
 -- name: count_unfinished
--- Tasks of the given queues still waiting (due or scheduled) or running: burst mode's exit test.
--- Counted as two parts so that each reads its partial index (the claim index, the lease index)
--- and costs what is left, not a scan of every finished row the table keeps.
+-- Tasks of the given queues still waiting (due, scheduled or blocked by a concurrency limit) or
+-- running: burst mode's exit test. Counted in parts so that each reads its partial index (the
+-- claim, blocked and lease indexes) and costs what is left, not a scan of every finished row.
 SELECT (SELECT count(*) FROM {schema}.tasks
          WHERE status = 'PENDING' AND queue = ANY(%(queues)s::text[]))
+     + (SELECT count(*) FROM {schema}.tasks
+         WHERE status = 'BLOCKED' AND queue = ANY(%(queues)s::text[]))
      + (SELECT count(*) FROM {schema}.tasks
          WHERE status = 'RUNNING' AND queue = ANY(%(queues)s::text[])) AS n
 
@@ -853,6 +1089,12 @@ WITH pending AS (
      WHERE status = 'PENDING'
        AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
      GROUP BY queue
+), blocked AS (
+    SELECT queue, count(*) AS blocked
+      FROM {schema}.tasks
+     WHERE status = 'BLOCKED'
+       AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+     GROUP BY queue
 ), running AS (
     SELECT queue, count(*) AS running, count(*) FILTER (WHERE lease_until < now()) AS expired_leases
       FROM {schema}.tasks
@@ -884,12 +1126,14 @@ WITH pending AS (
        AND (%(queues)s::text[] IS NULL OR t.queue = ANY(%(queues)s::text[]))
      GROUP BY t.queue
 ), names AS (
-    SELECT queue FROM pending UNION SELECT queue FROM running UNION SELECT queue FROM dead
+    SELECT queue FROM pending UNION SELECT queue FROM blocked UNION SELECT queue FROM running
+    UNION SELECT queue FROM dead
     UNION SELECT queue FROM finished UNION SELECT queue FROM ran
 )
 SELECT n.queue,
        COALESCE(p.pending_due, 0)::int AS pending_due,
        COALESCE(p.scheduled, 0)::int AS scheduled,
+       COALESCE(b.blocked, 0)::int AS blocked,
        COALESCE(r.running, 0)::int AS running,
        COALESCE(r.expired_leases, 0)::int AS expired_leases,
        COALESCE(d.dead, 0)::int AS dead,
@@ -900,6 +1144,7 @@ SELECT n.queue,
        COALESCE(x.finished_attempts, 0)::int AS finished_attempts
   FROM names AS n
   LEFT JOIN pending AS p USING (queue)
+  LEFT JOIN blocked AS b USING (queue)
   LEFT JOIN running AS r USING (queue)
   LEFT JOIN dead AS d USING (queue)
   LEFT JOIN finished AS f USING (queue)
@@ -1038,7 +1283,7 @@ SELECT date_trunc('minute', finished_at) AS minute, outcome, count(*)::int AS n
 -- Rows waiting, running and dead (all of them), and rows finished within the window, by status.
 SELECT status, count(*)::int AS n
   FROM {schema}.tasks
- WHERE status IN ('PENDING', 'RUNNING', 'DEAD')
+ WHERE status IN ('PENDING', 'BLOCKED', 'RUNNING', 'DEAD')
  GROUP BY status
 UNION ALL
 SELECT status, count(*)::int
@@ -1095,6 +1340,7 @@ SELECT count(*) AS done,
        pg_total_relation_size('{schema}.results'::regclass) AS results_bytes,
        pg_total_relation_size('{schema}.attempts'::regclass) AS attempts_bytes,
        (SELECT count(*) FROM {schema}.tasks WHERE status = 'PENDING')
+         + (SELECT count(*) FROM {schema}.tasks WHERE status = 'BLOCKED')
          + (SELECT count(*) FROM {schema}.tasks WHERE status = 'RUNNING') AS unfinished
   FROM {schema}.results AS r
  WHERE r.date_done > %(since)s

@@ -229,13 +229,16 @@ class Worker:
 
     def _loop(self) -> None:
         backoff = 0.1
+        # Whether the last claim set rows BLOCKED (over a concurrency limit): slots it meant
+        # to fill are still free, so the next claim goes ahead however many jobs wait to start.
+        blocked = False
         while not self._stopping.is_set():
             self._start_buffered()
             if not self.fixed_prefetch:
                 self.prefetch_extra = self._adaptive_prefetch()
             want = self.pool.free_slots() + self.prefetch_extra - len(self._buffer)
             backlog = self._backlog()
-            if backlog and backlog > self.prefetch_extra // 2:
+            if backlog and backlog > self.prefetch_extra // 2 and not blocked:
                 # Refill the prefetch buffer in batches (one claim for many rows), not row by row.
                 want = 0
             self._backpressure = (
@@ -251,8 +254,10 @@ class Worker:
                 self._wake.clear()
                 continue
             self._wake.clear()
+            blocked = False
             try:
-                claimed = self._claim(want)
+                claimed, taken = self._claim(want)
+                blocked = taken > len(claimed)
                 backoff = 0.1
             except psycopg.OperationalError as exc:
                 self.log.warning(
@@ -274,7 +279,8 @@ class Worker:
                 if job is not None:
                     self._buffer.append(job)
             self._start_buffered()
-            if len(claimed) >= want:
+            if taken >= want:
+                # Full (rows blocked by a concurrency limit included): more may be due.
                 continue
             if self._burst_done(claimed):
                 self.log.info("worker.idle", reason="burst mode: no task left in its queues")
@@ -282,9 +288,9 @@ class Worker:
                 break
             self._wake.wait(self.poll_interval)
 
-    def _claim(self, want: int) -> list[ClaimedTask]:
+    def _claim(self, want: int) -> tuple[list[ClaimedTask], int]:
         """Claim up to ``want`` rows, on the worker's claim connection where there is one
-        (see Broker.claim_connection)."""
+        (see Broker.claim_connection); with how many the claim took, blocked ones included."""
         broker = self.app.broker
         conn = None
         if broker.async_claims:
@@ -295,7 +301,9 @@ class Worker:
         plan = floors.plan(self.queues)
         started = time.perf_counter()
         try:
-            claimed = broker.claim(self.id, self.queues, want, self.lease, conn, plan)
+            claimed, taken = broker.claim_counting(
+                self.id, self.queues, want, self.lease, conn, plan
+            )
         except psycopg.OperationalError:
             if conn is None:
                 raise
@@ -320,7 +328,7 @@ class Worker:
                 )
             else:
                 self.log.info("worker.claim_floors", state="off", claim_ms=claim_ms)
-        return claimed
+        return claimed, taken
 
     def _probe_floors(self) -> None:
         """While claims start from floors, look for due rows behind them now and then (see

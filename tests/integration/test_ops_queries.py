@@ -253,6 +253,7 @@ def test_task_list_detail_and_overview(app: Celery, db: psycopg.Connection[Any])
     seen = app.broker.overview(window_seconds=600)
     assert seen["totals"] == {
         "PENDING": 1,
+        "BLOCKED": 0,
         "RUNNING": 0,
         "COMPLETED": 1,
         "FAILED": 1,

@@ -151,3 +151,36 @@ def test_worker_with_migrate_brings_a_partial_schema_up_to_date(
         assert old_app.tasks["versions.add"].delay(2, 2).get(timeout=10) == 4
     with psycopg.connect(pg_dsn) as conn:
         assert migrations.applied(conn, bare_schema) == LATEST
+
+
+def test_worker_roles_keep_claiming_across_the_concurrency_limits_upgrade(
+    pg_dsn: str, bare_schema: str
+) -> None:
+    """Claims write concurrency_limits from version 10 on: a role given a worker's rights
+    before it (by an older `pgtasks grants`) is given the same on the new table."""
+    role = f"pgt_{uuid.uuid4().hex[:8]}_worker"
+    ident, who = sql.Identifier(bare_schema), sql.Identifier(role)
+    migrate_to(pg_dsn, bare_schema, 9)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {}").format(who))
+        try:
+            conn.execute(
+                sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {}.rate_limits TO {}").format(
+                    ident, who
+                )
+            )
+            migrations.migrate(pg_dsn, bare_schema)
+            table = f"{bare_schema}.concurrency_limits"
+            rights = conn.execute(
+                "SELECT p, has_table_privilege(%s, %s, p)"
+                " FROM unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE']) AS p",
+                (role, table),
+            ).fetchall()
+            assert all(granted for _, granted in rights), rights
+            # A role without a worker's rights gets none.
+            assert conn.execute(
+                "SELECT has_table_privilege('pg_monitor', %s, 'SELECT')", (table,)
+            ).fetchone() == (False,)
+        finally:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(who))
+            conn.execute(sql.SQL("DROP ROLE {}").format(who))
