@@ -9,6 +9,17 @@ ALTER TABLE {schema}.tasks DROP CONSTRAINT tasks_status_check;
 ALTER TABLE {schema}.tasks ADD CONSTRAINT tasks_status_check
     CHECK (status IN ('PENDING', 'BLOCKED', 'RUNNING', 'COMPLETED', 'FAILED', 'CANCELLED', 'DEAD'));
 
+-- The key a row's RUNNING count is kept under: its concurrency_key, when its
+-- concurrency_limit is a whole number from 1 (a row with anything else there is not limited).
+-- Claims, and every statement that ends a RUNNING row, decide with this one definition.
+CREATE FUNCTION {schema}.concurrency_key(headers jsonb) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN jsonb_typeof(headers -> 'concurrency_key') = 'string'
+                 AND headers ->> 'concurrency_limit' ~ '^[1-9][0-9]*$'
+                 AND length(headers ->> 'concurrency_limit') <= 9
+                THEN headers ->> 'concurrency_key' END
+$$;
+
 -- running: this key's RUNNING rows. granted: how many rows the latest claim started (read
 -- back by that claim only).
 CREATE TABLE {schema}.concurrency_limits (
@@ -24,6 +35,11 @@ CREATE INDEX tasks_blocked_idx
     ON {schema}.tasks ((headers ->> 'concurrency_key'), priority DESC, run_at, created_at)
     WHERE status = 'BLOCKED';
 
+-- Due rows under a limit, by key: when a claim finds a key full, it sets the key's other due
+-- rows BLOCKED too, a batch at a time (rows without a limit are not in this index).
+CREATE INDEX tasks_limited_idx ON {schema}.tasks ({schema}.concurrency_key(headers), run_at)
+    WHERE status = 'PENDING' AND {schema}.concurrency_key(headers) IS NOT NULL;
+
 -- A blocked row still holds its unique key: it waits, and has not started.
 DROP INDEX {schema}.tasks_unique_key_idx;
 CREATE UNIQUE INDEX tasks_unique_key_idx ON {schema}.tasks (unique_key)
@@ -31,16 +47,6 @@ CREATE UNIQUE INDEX tasks_unique_key_idx ON {schema}.tasks (unique_key)
       AND CASE WHEN unique_until_started THEN status IN ('PENDING', 'BLOCKED') AND attempt = 0
                ELSE status IN ('PENDING', 'BLOCKED', 'RUNNING') END;
 
--- The key a row's RUNNING count is kept under: its concurrency_key, when its
--- concurrency_limit is a whole number from 1 (a row with anything else there is not limited).
--- Claims, and every statement that ends a RUNNING row, decide with this one definition.
-CREATE FUNCTION {schema}.concurrency_key(headers jsonb) RETURNS text
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE WHEN jsonb_typeof(headers -> 'concurrency_key') = 'string'
-                 AND headers ->> 'concurrency_limit' ~ '^[1-9][0-9]*$'
-                 AND length(headers ->> 'concurrency_limit') <= 9
-                THEN headers ->> 'concurrency_key' END
-$$;
 
 -- Every claim writes concurrency_limits: roles that claim tasks today (given UPDATE on
 -- rate_limits, as `pgtasks grants` gives worker roles) get the same rights on it, so their

@@ -149,7 +149,7 @@ WITH due AS (
     RETURNING l.key, LEAST(l.granted, l.running) AS granted
 ), held AS (
     -- The limited rows past their key's room, in claim order within each key.
-    SELECT r.id
+    SELECT r.id, r.key
       FROM (SELECT id, limit_key AS key,
                    row_number() OVER (PARTITION BY limit_key
                                       ORDER BY priority DESC, run_at, created_at) AS place
@@ -157,6 +157,22 @@ WITH due AS (
              WHERE limit_key IS NOT NULL) AS r
       JOIN counted AS c USING (key)
      WHERE r.place > c.granted
+), aside AS (
+    -- A full key's other due rows are set BLOCKED with it, up to 1000 a key at a time (from
+    -- tasks_limited_idx), so that a backlog of one key leaves the claim index in a few claims
+    -- rather than a row or two a claim.
+    UPDATE {schema}.tasks AS t
+       SET status = 'BLOCKED', updated_at = now()
+      FROM (SELECT DISTINCT key FROM held) AS k
+     CROSS JOIN LATERAL (
+            SELECT b.id
+              FROM {schema}.tasks AS b
+             WHERE b.status = 'PENDING' AND {schema}.concurrency_key(b.headers) = k.key
+               AND b.run_at <= now()
+             LIMIT 1000
+               FOR UPDATE SKIP LOCKED
+           ) AS more
+     WHERE t.id = more.id AND t.id <> ALL(ARRAY(SELECT id FROM due))
 )
 UPDATE {schema}.tasks AS t
    SET status = CASE WHEN held.id IS NULL THEN 'RUNNING' ELSE 'BLOCKED' END,
@@ -240,7 +256,7 @@ WITH due AS (
     RETURNING l.key, LEAST(l.granted, l.running) AS granted
 ), held AS (
     -- The limited rows past their key's room, in claim order within each key.
-    SELECT r.id
+    SELECT r.id, r.key
       FROM (SELECT id, limit_key AS key,
                    row_number() OVER (PARTITION BY limit_key
                                       ORDER BY priority DESC, run_at, created_at) AS place
@@ -248,6 +264,22 @@ WITH due AS (
              WHERE limit_key IS NOT NULL) AS r
       JOIN counted AS c USING (key)
      WHERE r.place > c.granted
+), aside AS (
+    -- A full key's other due rows are set BLOCKED with it, up to 1000 a key at a time (from
+    -- tasks_limited_idx), so that a backlog of one key leaves the claim index in a few claims
+    -- rather than a row or two a claim.
+    UPDATE {schema}.tasks AS t
+       SET status = 'BLOCKED', updated_at = now()
+      FROM (SELECT DISTINCT key FROM held) AS k
+     CROSS JOIN LATERAL (
+            SELECT b.id
+              FROM {schema}.tasks AS b
+             WHERE b.status = 'PENDING' AND {schema}.concurrency_key(b.headers) = k.key
+               AND b.run_at <= now()
+             LIMIT 1000
+               FOR UPDATE SKIP LOCKED
+           ) AS more
+     WHERE t.id = more.id AND t.id <> ALL(ARRAY(SELECT id FROM due))
 )
 UPDATE {schema}.tasks AS t
    SET status = CASE WHEN held.id IS NULL THEN 'RUNNING' ELSE 'BLOCKED' END,

@@ -220,6 +220,22 @@ def test_a_claim_starts_what_has_room_blocks_the_rest_and_takes_unlimited_rows_t
     assert running(db, KEY_1) == 1
 
 
+def test_a_full_keys_backlog_leaves_the_claim_index_in_one_claim(
+    app: Celery, db: Any, sync: Any, plain: Any
+) -> None:
+    backlog = [sync.delay(1, n).id for n in range(30)]
+    later = [sync.apply_async((1, 99), countdown=3600).id, sync.delay(2).id]
+    free = [plain.delay(n).id for n in range(3)]
+    claimed, taken = app.broker.claim_counting("w1", ["celery"], 2, 30.0)
+    # The claim took two rows of the key: one starts, and the key's 29 other due rows are set
+    # aside with the second; a row not yet due and other keys' rows are left alone.
+    assert [c.id for c in claimed] == [backlog[0]] and taken == 2
+    assert statuses(db, backlog) == ["RUNNING"] + ["BLOCKED"] * 29
+    assert statuses(db, later + free) == ["PENDING"] * 5
+    claimed, taken = app.broker.claim_counting("w1", ["celery"], 10, 30.0)
+    assert sorted(c.id for c in claimed) == sorted([later[1], *free]) and taken == 4
+
+
 def test_every_way_a_running_row_ends_gives_its_count_back(app: Celery, db: Any, sync: Any) -> None:
     broker = app.broker
     ids = [sync.delay(1, n).id for n in range(6)]
