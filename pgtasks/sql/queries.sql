@@ -184,7 +184,9 @@ UPDATE {schema}.tasks AS t
                           THEN now() + make_interval(secs => %(lease)s::float8) END,
        updated_at = now()
   FROM due LEFT JOIN held USING (id)
- WHERE t.id = due.id
+ -- "id = ANY" keeps the lookup on the primary key in the generic plan too, whose guess at how
+ -- many rows the claim takes would otherwise read the whole table (see claim_connection).
+ WHERE t.id = ANY(ARRAY(SELECT id FROM due)) AND t.id = due.id
 RETURNING t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
           t.content_type, t.content_encoding, t.payload::text AS payload, t.payload_raw,
           t.headers, t.run_at, t.expires_at,
@@ -291,7 +293,9 @@ UPDATE {schema}.tasks AS t
                           THEN now() + make_interval(secs => %(lease)s::float8) END,
        updated_at = now()
   FROM due LEFT JOIN held USING (id)
- WHERE t.id = due.id
+ -- "id = ANY" keeps the lookup on the primary key in the generic plan too, whose guess at how
+ -- many rows the claim takes would otherwise read the whole table (see claim_connection).
+ WHERE t.id = ANY(ARRAY(SELECT id FROM due)) AND t.id = due.id
 RETURNING t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
           t.content_type, t.content_encoding, t.payload::text AS payload, t.payload_raw,
           t.headers, t.run_at, t.expires_at,
