@@ -87,7 +87,15 @@ class PgTasksAdapter(Adapter):
 
     def enqueue_bulk(self, n: int, run: str) -> float:
         h = self.open_producer()
+        limits = os.environ.get("PGTASKS_BENCH_LIMITS", "")
         try:
+            if limits.startswith("keys:"):
+                # Every task under a concurrency limit (see pgtasks_app.bench_limited).
+                from pgtasks_app import bench_limited
+
+                h = bench_limited
+            elif limits.startswith("backlog:"):
+                self._held_backlog(h, int(limits.split(":")[1]))
             t0 = time.perf_counter()
             left = n
             while left:
@@ -97,6 +105,23 @@ class PgTasksAdapter(Adapter):
             return time.perf_counter() - t0
         finally:
             self.close_producer(h)
+
+    def _held_backlog(self, h, n: int) -> None:
+        """``n`` tasks of one concurrency key whose count is full, ahead of the timed ones:
+        claims meet them first and set them BLOCKED (they never run)."""
+        from pgtasks_app import bench_held
+
+        left = n
+        while left:
+            k = min(self.bulk_chunk, left)
+            bench_held.apply_many([("held",)] * k)
+            left -= k
+        with h.app.broker.connection() as conn:
+            conn.execute(
+                f"INSERT INTO {SCHEMA}.concurrency_limits (key, max_running, running)"
+                " VALUES (%s, 1, 1) ON CONFLICT (key) DO UPDATE SET running = 1",
+                ('task:bench.held:{"run":"held"}',),
+            )
 
     # -- workers --------------------------------------------------------------------------------
 

@@ -5,6 +5,9 @@ puts this folder and the harness folder (for ``common``) on ``PYTHONPATH`` and s
 ``PGTASKS_DATABASE_URL`` to the harness's database, which wins over the URL given here.
 """
 
+import itertools
+import os
+
 import common  # the harness's module: database address and the completion sink
 
 from pgtasks import Celery
@@ -20,3 +23,25 @@ app = Celery("benchpgtasks", broker=common.dsn(DB))
 @app.task(name=TASK_NAME, ignore_result=True)
 def bench_task(run: str, ts: float) -> None:
     common.task_body(run, ts)
+
+
+# Concurrency limits under load (PGTASKS_BENCH_LIMITS, read by the adapter's bulk enqueue):
+# "keys:K:L" sends the tasks as bench.limited, spread over K concurrency keys of limit L each,
+# so every claim and completion goes through the limit counts; "backlog:B" puts B tasks of one
+# full key in front of the plain ones, to show that they cost the others nothing once blocked.
+_turn = itertools.count()
+_keys = int(os.environ.get("PGTASKS_BENCH_LIMIT_KEYS", "1000"))
+
+
+def _spread(run: str, ts: float) -> str:
+    return f"k{next(_turn) % _keys}"
+
+
+@app.task(name="bench.limited", ignore_result=True, concurrency_limit=1, concurrency_key=_spread)
+def bench_limited(run: str, ts: float) -> None:
+    common.task_body(run, ts)
+
+
+@app.task(name="bench.held", ignore_result=True, concurrency_limit=1, concurrency_key=("run",))
+def bench_held(run: str) -> None:
+    common.task_body(run, 0.0)
