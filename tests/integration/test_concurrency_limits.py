@@ -437,7 +437,12 @@ def test_a_killed_worker_gives_its_slot_back_through_the_reclaimer(
             for _ in range(3)
         ]
         wait_until(lambda: executions(db, ids[0]), what="the first task to start")
-        assert statuses(db, ids)[1:] == ["BLOCKED", "BLOCKED"]
+        # The worker has a free slot: its next claims meet the other two and block them.
+        wait_until(
+            lambda: statuses(db, ids)[1:] == ["BLOCKED", "BLOCKED"],
+            what="the other two to be blocked",
+            details=victim.describe,
+        )
         victim.kill()
     with worker_processes(pg_dsn, schema, ["lim-heir"], ready=db, lease=1.0) as workers:
         coord.open_gate(db, "k")
