@@ -3,8 +3,9 @@ the task table.
 
 A row's source is the ``task_source`` setting of the app that enqueued it (sent as the
 session's ``pgtasks.source``), else the database role it connected as. ``pgtasks quota set``
-records a bound; an insert that would leave that source with more waiting (PENDING) tasks fails
-as a whole with :class:`pgtasks.exceptions.QuotaExceeded`, and nothing of it is written.
+records a bound; an insert that would leave that source with more waiting tasks (PENDING, or
+BLOCKED by a concurrency limit) fails as a whole with :class:`pgtasks.exceptions.QuotaExceeded`,
+and nothing of it is written.
 
 The check is a trigger on the task table, with an index of waiting rows by source to count
 with; both exist only while at least one quota is set, so enqueueing pays nothing for quotas
@@ -50,7 +51,7 @@ def set_quota(dsn: str, schema: str, source: str, max_pending: int) -> None:
         conn.execute(
             sql.SQL(
                 "CREATE INDEX CONCURRENTLY IF NOT EXISTS {} ON tasks (source)"
-                " WHERE status = 'PENDING'"
+                " WHERE status IN ('PENDING', 'BLOCKED')"
             ).format(sql.Identifier(INDEX))
         )
         with conn.transaction():
@@ -96,7 +97,7 @@ def quotas(dsn: str, schema: str) -> list[Quota]:
         rows = conn.execute(
             "SELECT q.source, q.max_pending,"
             " (SELECT count(*) FROM tasks AS t"
-            "   WHERE t.source = q.source AND t.status = 'PENDING') AS waiting"
+            "   WHERE t.source = q.source AND t.status IN ('PENDING', 'BLOCKED')) AS waiting"
             " FROM quotas AS q ORDER BY q.source"
         ).fetchall()
     return [Quota(source, limit, waiting) for source, limit, waiting in rows]

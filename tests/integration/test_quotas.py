@@ -75,6 +75,21 @@ def test_a_source_past_its_quota_is_refused_and_nothing_is_written(
     ]
 
 
+def test_tasks_blocked_by_a_concurrency_limit_count_as_waiting(
+    app: Celery, db: psycopg.Connection[Any], pg_dsn: str, schema: str, importer: Any
+) -> None:
+    quotas.set_quota(pg_dsn, schema, "importer", 2)
+    first = importer.apply_async((1,), concurrency_key="one", concurrency_limit=1)
+    second = importer.apply_async((2,), concurrency_key="one", concurrency_limit=1)
+    claimed, taken = app.broker.claim_counting("w", ["celery"], 10, 30.0)
+    assert [c.id for c in claimed] == [first.id] and taken == 2
+    assert one(db, "SELECT status FROM tasks WHERE id = %s", (second.id,))["status"] == "BLOCKED"
+    importer.delay(3)  # the blocked one and this one: 2 waiting
+    with pytest.raises(QuotaExceeded):
+        importer.delay(4)
+    assert [q.waiting for q in quotas.quotas(pg_dsn, schema)] == [2]
+
+
 def test_clearing_the_last_quota_removes_its_cost(
     db: psycopg.Connection[Any], pg_dsn: str, schema: str, importer: Any
 ) -> None:

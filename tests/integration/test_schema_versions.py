@@ -184,3 +184,25 @@ def test_worker_roles_keep_claiming_across_the_concurrency_limits_upgrade(
         finally:
             conn.execute(sql.SQL("DROP OWNED BY {}").format(who))
             conn.execute(sql.SQL("DROP ROLE {}").format(who))
+
+
+def test_a_quota_index_made_before_blocked_rows_existed_is_rebuilt(
+    pg_dsn: str, bare_schema: str
+) -> None:
+    ident = sql.Identifier(bare_schema)
+    migrate_to(pg_dsn, bare_schema, 10)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("INSERT INTO {}.quotas VALUES ('importer', 5)").format(ident))
+        conn.execute(
+            sql.SQL(
+                "CREATE INDEX tasks_source_pending_idx ON {}.tasks (source)"
+                " WHERE status = 'PENDING'"
+            ).format(ident)
+        )
+        migrations.migrate(pg_dsn, bare_schema)
+        found = conn.execute(
+            "SELECT indexdef FROM pg_indexes WHERE schemaname = %s"
+            " AND indexname = 'tasks_source_pending_idx'",
+            (bare_schema,),
+        ).fetchone()
+    assert found is not None and "BLOCKED" in found[0]
