@@ -127,71 +127,7 @@ WITH due AS (
            ) AS c
      ORDER BY c.priority DESC, c.run_at, c.created_at
      LIMIT %(limit)s
-), wanted AS (
-    SELECT limit_key AS key, count(*)::int AS n, max(limit_max::int) AS most
-      FROM due
-     WHERE limit_key IS NOT NULL
-     GROUP BY limit_key
-), counted AS (
-    -- Each key's RUNNING count: the upsert locks the key's row (keys in order), so claims of
-    -- one key decide one after another on its latest count. A key starts as many of its rows
-    -- as it has room for. "granted" reads that number back: an update stores it, never more
-    -- than the new count; an insert stores the rows wanted, which LEAST brings down to the
-    -- count it started.
-    INSERT INTO {schema}.concurrency_limits AS l (key, max_running, running, granted)
-    SELECT key, most, LEAST(n, most), n FROM wanted ORDER BY key
-    ON CONFLICT (key) DO UPDATE
-       SET max_running = EXCLUDED.max_running,
-           running = l.running
-                     + GREATEST(0, LEAST(EXCLUDED.granted, EXCLUDED.max_running - l.running)),
-           granted = GREATEST(0, LEAST(EXCLUDED.granted, EXCLUDED.max_running - l.running)),
-           updated_at = now()
-    RETURNING l.key, LEAST(l.granted, l.running) AS granted
-), held AS (
-    -- The limited rows past their key's room, in claim order within each key.
-    SELECT r.id, r.key
-      FROM (SELECT id, limit_key AS key,
-                   row_number() OVER (PARTITION BY limit_key
-                                      ORDER BY priority DESC, run_at, created_at) AS place
-              FROM due
-             WHERE limit_key IS NOT NULL) AS r
-      JOIN counted AS c USING (key)
-     WHERE r.place > c.granted
-), aside AS (
-    -- A full key's other due rows are set BLOCKED with it, up to 1000 a key at a time (from
-    -- tasks_limited_idx), so that a backlog of one key leaves the claim index in a few claims
-    -- rather than a row or two a claim.
-    UPDATE {schema}.tasks AS t
-       SET status = 'BLOCKED', updated_at = now()
-      FROM (SELECT DISTINCT key FROM held) AS k
-     CROSS JOIN LATERAL (
-            SELECT b.id
-              FROM {schema}.tasks AS b
-             WHERE b.status = 'PENDING' AND {schema}.concurrency_key(b.headers) = k.key
-               AND b.run_at <= now()
-             LIMIT 1000
-               FOR UPDATE SKIP LOCKED
-           ) AS more
-     WHERE t.id = more.id AND t.id <> ALL(ARRAY(SELECT id FROM due))
-)
-UPDATE {schema}.tasks AS t
-   SET status = CASE WHEN held.id IS NULL THEN 'RUNNING' ELSE 'BLOCKED' END,
-       claimed_by = CASE WHEN held.id IS NULL THEN %(worker)s END,
-       -- A row edited by hand to the integer's top must not fail every claim of its queue.
-       attempt = CASE WHEN held.id IS NULL THEN LEAST(t.attempt, 2147483646) + 1
-                      ELSE t.attempt END,
-       lease_until = CASE WHEN held.id IS NULL
-                          THEN now() + make_interval(secs => %(lease)s::float8) END,
-       updated_at = now()
-  FROM due LEFT JOIN held USING (id)
- -- "id = ANY" keeps the lookup on the primary key in the generic plan too, whose guess at how
- -- many rows the claim takes would otherwise read the whole table (see claim_connection).
- WHERE t.id = ANY(ARRAY(SELECT id FROM due)) AND t.id = due.id
-RETURNING t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
-          t.content_type, t.content_encoding, t.payload::text AS payload, t.payload_raw,
-          t.headers, t.run_at, t.expires_at,
-          (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
-          t.created_at, t.requeued_attempt, held.id IS NOT NULL AS blocked
+-- insert: claim_limited
 
 -- name: claim_batch_from_floors
 -- claim_batch for a worker whose full claims have become slow (see pgtasks.worker.floors): the
@@ -236,71 +172,7 @@ WITH due AS (
            ) AS c
      ORDER BY priority DESC, run_at, created_at
      LIMIT %(limit)s
-), wanted AS (
-    SELECT limit_key AS key, count(*)::int AS n, max(limit_max::int) AS most
-      FROM due
-     WHERE limit_key IS NOT NULL
-     GROUP BY limit_key
-), counted AS (
-    -- Each key's RUNNING count: the upsert locks the key's row (keys in order), so claims of
-    -- one key decide one after another on its latest count. A key starts as many of its rows
-    -- as it has room for. "granted" reads that number back: an update stores it, never more
-    -- than the new count; an insert stores the rows wanted, which LEAST brings down to the
-    -- count it started.
-    INSERT INTO {schema}.concurrency_limits AS l (key, max_running, running, granted)
-    SELECT key, most, LEAST(n, most), n FROM wanted ORDER BY key
-    ON CONFLICT (key) DO UPDATE
-       SET max_running = EXCLUDED.max_running,
-           running = l.running
-                     + GREATEST(0, LEAST(EXCLUDED.granted, EXCLUDED.max_running - l.running)),
-           granted = GREATEST(0, LEAST(EXCLUDED.granted, EXCLUDED.max_running - l.running)),
-           updated_at = now()
-    RETURNING l.key, LEAST(l.granted, l.running) AS granted
-), held AS (
-    -- The limited rows past their key's room, in claim order within each key.
-    SELECT r.id, r.key
-      FROM (SELECT id, limit_key AS key,
-                   row_number() OVER (PARTITION BY limit_key
-                                      ORDER BY priority DESC, run_at, created_at) AS place
-              FROM due
-             WHERE limit_key IS NOT NULL) AS r
-      JOIN counted AS c USING (key)
-     WHERE r.place > c.granted
-), aside AS (
-    -- A full key's other due rows are set BLOCKED with it, up to 1000 a key at a time (from
-    -- tasks_limited_idx), so that a backlog of one key leaves the claim index in a few claims
-    -- rather than a row or two a claim.
-    UPDATE {schema}.tasks AS t
-       SET status = 'BLOCKED', updated_at = now()
-      FROM (SELECT DISTINCT key FROM held) AS k
-     CROSS JOIN LATERAL (
-            SELECT b.id
-              FROM {schema}.tasks AS b
-             WHERE b.status = 'PENDING' AND {schema}.concurrency_key(b.headers) = k.key
-               AND b.run_at <= now()
-             LIMIT 1000
-               FOR UPDATE SKIP LOCKED
-           ) AS more
-     WHERE t.id = more.id AND t.id <> ALL(ARRAY(SELECT id FROM due))
-)
-UPDATE {schema}.tasks AS t
-   SET status = CASE WHEN held.id IS NULL THEN 'RUNNING' ELSE 'BLOCKED' END,
-       claimed_by = CASE WHEN held.id IS NULL THEN %(worker)s END,
-       -- A row edited by hand to the integer's top must not fail every claim of its queue.
-       attempt = CASE WHEN held.id IS NULL THEN LEAST(t.attempt, 2147483646) + 1
-                      ELSE t.attempt END,
-       lease_until = CASE WHEN held.id IS NULL
-                          THEN now() + make_interval(secs => %(lease)s::float8) END,
-       updated_at = now()
-  FROM due LEFT JOIN held USING (id)
- -- "id = ANY" keeps the lookup on the primary key in the generic plan too, whose guess at how
- -- many rows the claim takes would otherwise read the whole table (see claim_connection).
- WHERE t.id = ANY(ARRAY(SELECT id FROM due)) AND t.id = due.id
-RETURNING t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
-          t.content_type, t.content_encoding, t.payload::text AS payload, t.payload_raw,
-          t.headers, t.run_at, t.expires_at,
-          (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
-          t.created_at, t.requeued_attempt, held.id IS NOT NULL AS blocked
+-- insert: claim_limited
 
 -- name: rows_behind_floors
 -- For each known (queue, priority) band, the earliest due PENDING row behind its floor, which
@@ -395,21 +267,7 @@ WITH input AS (
            d.error
       FROM done AS d
     ON CONFLICT DO NOTHING
-), gone AS (
-    -- Concurrency limits: the keys whose RUNNING rows ended here give their count back.
-    SELECT limit_key AS key, count(*)::int AS n FROM done WHERE limit_key IS NOT NULL
-     GROUP BY limit_key
-), freeing AS (
-    -- Locked in key order (as claims lock them), so no two statements deadlock.
-    SELECT l.key FROM {schema}.concurrency_limits AS l
-     WHERE l.key = ANY(ARRAY(SELECT key FROM gone))
-     ORDER BY l.key
-       FOR UPDATE
-), freed AS (
-    UPDATE {schema}.concurrency_limits AS l
-       SET running = GREATEST(l.running - g.n, 0), updated_at = now()
-      FROM gone AS g JOIN freeing USING (key)
-     WHERE l.key = g.key
+-- insert: give_counts_back
 )
 SELECT id, status, limit_key FROM done
 
@@ -459,21 +317,7 @@ WITH input AS (
            lower(d.status), d.error
       FROM done AS d JOIN input AS i USING (id)
     ON CONFLICT DO NOTHING
-), gone AS (
-    -- Concurrency limits: the keys whose RUNNING rows ended here give their count back.
-    SELECT limit_key AS key, count(*)::int AS n FROM done WHERE limit_key IS NOT NULL
-     GROUP BY limit_key
-), freeing AS (
-    -- Locked in key order (as claims lock them), so no two statements deadlock.
-    SELECT l.key FROM {schema}.concurrency_limits AS l
-     WHERE l.key = ANY(ARRAY(SELECT key FROM gone))
-     ORDER BY l.key
-       FOR UPDATE
-), freed AS (
-    UPDATE {schema}.concurrency_limits AS l
-       SET running = GREATEST(l.running - g.n, 0), updated_at = now()
-      FROM gone AS g JOIN freeing USING (key)
-     WHERE l.key = g.key
+-- insert: give_counts_back
 )
 SELECT id, status, limit_key FROM done
 
@@ -524,21 +368,7 @@ WITH input AS (
       FROM done AS d JOIN input AS i USING (id)
      WHERE i.outcome IS NOT NULL
     ON CONFLICT DO NOTHING
-), gone AS (
-    -- Concurrency limits: the keys whose RUNNING rows ended here give their count back.
-    SELECT limit_key AS key, count(*)::int AS n FROM done WHERE limit_key IS NOT NULL
-     GROUP BY limit_key
-), freeing AS (
-    -- Locked in key order (as claims lock them), so no two statements deadlock.
-    SELECT l.key FROM {schema}.concurrency_limits AS l
-     WHERE l.key = ANY(ARRAY(SELECT key FROM gone))
-     ORDER BY l.key
-       FOR UPDATE
-), freed AS (
-    UPDATE {schema}.concurrency_limits AS l
-       SET running = GREATEST(l.running - g.n, 0), updated_at = now()
-      FROM gone AS g JOIN freeing USING (key)
-     WHERE l.key = g.key
+-- insert: give_counts_back
 )
 SELECT id, status, limit_key, run_at FROM done
 
@@ -571,21 +401,7 @@ WITH input AS (
      WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = owned.id AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
     RETURNING t.id, t.status, {schema}.concurrency_key(t.headers) AS limit_key
-), gone AS (
-    -- Concurrency limits: the keys whose RUNNING rows ended here give their count back.
-    SELECT limit_key AS key, count(*)::int AS n FROM done WHERE limit_key IS NOT NULL
-     GROUP BY limit_key
-), freeing AS (
-    -- Locked in key order (as claims lock them), so no two statements deadlock.
-    SELECT l.key FROM {schema}.concurrency_limits AS l
-     WHERE l.key = ANY(ARRAY(SELECT key FROM gone))
-     ORDER BY l.key
-       FOR UPDATE
-), freed AS (
-    UPDATE {schema}.concurrency_limits AS l
-       SET running = GREATEST(l.running - g.n, 0), updated_at = now()
-      FROM gone AS g JOIN freeing USING (key)
-     WHERE l.key = g.key
+-- insert: give_counts_back
 )
 SELECT id, status, limit_key FROM done
 
@@ -619,7 +435,8 @@ WITH input AS (
        AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
      ORDER BY t.id
        FOR UPDATE OF t
-), deferred AS (
+), done AS (
+    -- The rows handed back to wait for their slot.
     UPDATE {schema}.tasks AS t
        SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
            attempt = t.attempt - 1,
@@ -632,24 +449,10 @@ WITH input AS (
        AND t.attempt = s.attempt
        AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
     RETURNING t.id, {schema}.concurrency_key(t.headers) AS limit_key
-), gone AS (
-    -- Concurrency limits: the keys whose RUNNING rows ended here give their count back.
-    SELECT limit_key AS key, count(*)::int AS n FROM deferred WHERE limit_key IS NOT NULL
-     GROUP BY limit_key
-), freeing AS (
-    -- Locked in key order (as claims lock them), so no two statements deadlock.
-    SELECT l.key FROM {schema}.concurrency_limits AS l
-     WHERE l.key = ANY(ARRAY(SELECT key FROM gone))
-     ORDER BY l.key
-       FOR UPDATE
-), freed AS (
-    UPDATE {schema}.concurrency_limits AS l
-       SET running = GREATEST(l.running - g.n, 0), updated_at = now()
-      FROM gone AS g JOIN freeing USING (key)
-     WHERE l.key = g.key
+-- insert: give_counts_back
 )
 SELECT s.id, s.slot, s.slot > now() AS deferred, d.limit_key
-  FROM slots AS s LEFT JOIN deferred AS d USING (id)
+  FROM slots AS s LEFT JOIN done AS d USING (id)
 
 -- name: unblock
 -- Concurrency limits: move BLOCKED rows of the given keys back to PENDING, as many per key as
@@ -749,21 +552,7 @@ WITH expired AS (
     SELECT d.id, d.attempt, d.previous_owner, 'lost', 'lease expired'
       FROM done AS d
     ON CONFLICT DO NOTHING
-), gone AS (
-    -- Concurrency limits: the keys whose RUNNING rows ended here give their count back.
-    SELECT limit_key AS key, count(*)::int AS n FROM done WHERE limit_key IS NOT NULL
-     GROUP BY limit_key
-), freeing AS (
-    -- Locked in key order (as claims lock them), so no two statements deadlock.
-    SELECT l.key FROM {schema}.concurrency_limits AS l
-     WHERE l.key = ANY(ARRAY(SELECT key FROM gone))
-     ORDER BY l.key
-       FOR UPDATE
-), freed AS (
-    UPDATE {schema}.concurrency_limits AS l
-       SET running = GREATEST(l.running - g.n, 0), updated_at = now()
-      FROM gone AS g JOIN freeing USING (key)
-     WHERE l.key = g.key
+-- insert: give_counts_back
 )
 SELECT id, name, queue, status, attempt, retries, previous_owner, chord, limit_key FROM done
 
@@ -1380,3 +1169,94 @@ SELECT count(*) AS done,
          + (SELECT count(*) FROM {schema}.tasks WHERE status = 'RUNNING') AS unfinished
   FROM {schema}.results AS r
  WHERE r.date_done > %(since)s
+
+-- Fragments: parts that several queries share word for word, written where a query has the
+-- line "-- insert: <fragment>".
+
+-- fragment: give_counts_back
+-- Concurrency limits, in every fenced write that ends RUNNING rows (from its CTE "done", whose
+-- rows carry limit_key): the keys' RUNNING counts go down by the rows that ended.
+), gone AS (
+    -- Concurrency limits: the keys whose RUNNING rows ended here give their count back.
+    SELECT limit_key AS key, count(*)::int AS n FROM done WHERE limit_key IS NOT NULL
+     GROUP BY limit_key
+), freeing AS (
+    -- Locked in key order (as claims lock them), so no two statements deadlock.
+    SELECT l.key FROM {schema}.concurrency_limits AS l
+     WHERE l.key = ANY(ARRAY(SELECT key FROM gone))
+     ORDER BY l.key
+       FOR UPDATE
+), freed AS (
+    UPDATE {schema}.concurrency_limits AS l
+       SET running = GREATEST(l.running - g.n, 0), updated_at = now()
+      FROM gone AS g JOIN freeing USING (key)
+     WHERE l.key = g.key
+
+-- fragment: claim_limited
+-- The end of both claims, from their CTE "due" (the rows picked, in claim order, with their
+-- limit_key and limit_max): concurrency limits, the update and the RETURNING columns.
+), wanted AS (
+    SELECT limit_key AS key, count(*)::int AS n, max(limit_max::int) AS most
+      FROM due
+     WHERE limit_key IS NOT NULL
+     GROUP BY limit_key
+), counted AS (
+    -- Each key's RUNNING count: the upsert locks the key's row (keys in order), so claims of
+    -- one key decide one after another on its latest count. A key starts as many of its rows
+    -- as it has room for. "granted" reads that number back: an update stores it, never more
+    -- than the new count; an insert stores the rows wanted, which LEAST brings down to the
+    -- count it started.
+    INSERT INTO {schema}.concurrency_limits AS l (key, max_running, running, granted)
+    SELECT key, most, LEAST(n, most), n FROM wanted ORDER BY key
+    ON CONFLICT (key) DO UPDATE
+       SET max_running = EXCLUDED.max_running,
+           running = l.running
+                     + GREATEST(0, LEAST(EXCLUDED.granted, EXCLUDED.max_running - l.running)),
+           granted = GREATEST(0, LEAST(EXCLUDED.granted, EXCLUDED.max_running - l.running)),
+           updated_at = now()
+    RETURNING l.key, LEAST(l.granted, l.running) AS granted
+), held AS (
+    -- The limited rows past their key's room, in claim order within each key.
+    SELECT r.id, r.key
+      FROM (SELECT id, limit_key AS key,
+                   row_number() OVER (PARTITION BY limit_key
+                                      ORDER BY priority DESC, run_at, created_at) AS place
+              FROM due
+             WHERE limit_key IS NOT NULL) AS r
+      JOIN counted AS c USING (key)
+     WHERE r.place > c.granted
+), aside AS (
+    -- A full key's other due rows are set BLOCKED with it, up to 1000 a key at a time (from
+    -- tasks_limited_idx), so that a backlog of one key leaves the claim index in a few claims
+    -- rather than a row or two a claim.
+    UPDATE {schema}.tasks AS t
+       SET status = 'BLOCKED', updated_at = now()
+      FROM (SELECT DISTINCT key FROM held) AS k
+     CROSS JOIN LATERAL (
+            SELECT b.id
+              FROM {schema}.tasks AS b
+             WHERE b.status = 'PENDING' AND {schema}.concurrency_key(b.headers) = k.key
+               AND b.run_at <= now()
+             LIMIT 1000
+               FOR UPDATE SKIP LOCKED
+           ) AS more
+     WHERE t.id = more.id AND t.id <> ALL(ARRAY(SELECT id FROM due))
+)
+UPDATE {schema}.tasks AS t
+   SET status = CASE WHEN held.id IS NULL THEN 'RUNNING' ELSE 'BLOCKED' END,
+       claimed_by = CASE WHEN held.id IS NULL THEN %(worker)s END,
+       -- A row edited by hand to the integer's top must not fail every claim of its queue.
+       attempt = CASE WHEN held.id IS NULL THEN LEAST(t.attempt, 2147483646) + 1
+                      ELSE t.attempt END,
+       lease_until = CASE WHEN held.id IS NULL
+                          THEN now() + make_interval(secs => %(lease)s::float8) END,
+       updated_at = now()
+  FROM due LEFT JOIN held USING (id)
+ -- "id = ANY" keeps the lookup on the primary key in the generic plan too, whose guess at how
+ -- many rows the claim takes would otherwise read the whole table (see claim_connection).
+ WHERE t.id = ANY(ARRAY(SELECT id FROM due)) AND t.id = due.id
+RETURNING t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
+          t.content_type, t.content_encoding, t.payload::text AS payload, t.payload_raw,
+          t.headers, t.run_at, t.expires_at,
+          (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
+          t.created_at, t.requeued_attempt, held.id IS NOT NULL AS blocked
