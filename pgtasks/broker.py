@@ -361,9 +361,7 @@ class Broker:
         """id -> status from a fenced write returning ``id, status, limit_key, ...`` (as
         tuples); rows blocked on the concurrency limits it freed are moved on."""
         rows: list[Any] = self._all(name, params, conn, row_factory=tuple_row)
-        keys = {row[2] for row in rows if row[2] is not None}
-        if keys:
-            self.unblock(keys, conn)
+        self.unblock([row[2] for row in rows], conn)
         return {row[0]: row[1] for row in rows}
 
     def _one(
@@ -618,12 +616,16 @@ class Broker:
             claimed = [row for row in rows if not row.blocked]
         return claimed, len(rows)
 
-    def unblock(self, keys: Iterable[str], conn: psycopg.Connection[Any] | None = None) -> int:
+    def unblock(
+        self, keys: Iterable[str | None], conn: psycopg.Connection[Any] | None = None
+    ) -> int:
         """Move rows blocked on the concurrency limits ``keys`` back to PENDING where a key
-        has room (after a statement gave its count back); returns how many moved."""
-        row = self._one(
-            "unblock", {"keys": sorted(keys), "channel": notify_channel(self.schema)}, conn
-        )
+        has room (after a statement gave its count back); returns how many moved. None
+        stands for a row without a limit: with no key at all, nothing is sent."""
+        wanted = sorted({key for key in keys if key is not None})
+        if not wanted:
+            return 0
+        row = self._one("unblock", {"keys": wanted, "channel": notify_channel(self.schema)}, conn)
         return int(row["n"]) if row else 0
 
     def blocked_keys(self, after: str = "", limit: int = 1000) -> list[str]:
@@ -758,9 +760,7 @@ class Broker:
                 "intervals": [i[3] for i in items],
             },
         )
-        keys = {row["limit_key"] for row in rows if row["limit_key"] is not None}
-        if keys:
-            self.unblock(keys)
+        self.unblock(row["limit_key"] for row in rows)
         return {row["id"]: row["deferred"] for row in rows}
 
     def reclaim(
@@ -794,9 +794,7 @@ class Broker:
                 self._count_chords(conn, Plan(chord_hits=hits), chord_ready)
             row = self._one("transaction_time", {}, conn)
         assert row is not None
-        keys = {r["limit_key"] for r in rows if r["limit_key"] is not None}
-        if keys:
-            self.unblock(keys)
+        self.unblock(r["limit_key"] for r in rows)
         return rows, row["now"]
 
     def register_worker(
