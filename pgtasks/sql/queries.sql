@@ -538,7 +538,8 @@ WITH expired AS (
 ), done AS (
     UPDATE {schema}.tasks AS t
        SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED'
-                         WHEN t.attempt - t.requeued_attempt - t.retries >= %(max_lost)s
+                         -- In bigint: counters edited by hand could overflow an integer.
+                         WHEN t.attempt::bigint - t.requeued_attempt - t.retries >= %(max_lost)s
                               THEN 'DEAD'
                          ELSE 'PENDING' END,
            error = 'worker lost: lease of ' || e.claimed_by || ' expired at ' || e.lease_until::text,

@@ -236,6 +236,13 @@ CASES: dict[str, tuple[str, str, str, str | None]] = {
         "DEAD",
         "worker lost: lease of ghost@nowhere expired",
     ),
+    "running on a vanished worker, counters at the bottom": (
+        "inv.echo",
+        f"status = 'RUNNING', attempt = -1, requeued_attempt = -1, retries = {-INT_MAX - 1}, "
+        "claimed_by = 'ghost@nowhere', lease_until = now() - interval '1 minute'",
+        "DEAD",
+        "worker lost: lease of ghost@nowhere expired",
+    ),
     "junk time limits": (
         "inv.echo",
         'headers = \'{"timelimit": [-1e308, "soon"]}\'',
