@@ -107,6 +107,11 @@ def _text(value: str | None) -> str | None:
     return value.replace("\x00", "\\x00") if value else value
 
 
+def _claim_order(row: ClaimedTask) -> tuple[int, datetime, datetime]:
+    """The claim's order: priority (highest first), then due time, then age."""
+    return (-row.priority, row.run_at, row.created_at)
+
+
 def _ago(started: datetime | None, now: float) -> float | None:
     """Seconds from a run's start to ``now``, both read from this host's clock. Outcomes carry
     this age rather than the start itself, and the database subtracts it from its own ``now()``:
@@ -614,6 +619,8 @@ class Broker:
         claimed: list[ClaimedTask] = rows
         if any(row.blocked for row in rows):
             claimed = [row for row in rows if not row.blocked]
+        # The statement returns its rows in no set order; they start in claim order.
+        claimed.sort(key=_claim_order)
         return claimed, len(rows)
 
     def unblock(

@@ -208,12 +208,12 @@ WITH owned AS (
 )
 UPDATE {schema}.tasks AS t
    SET lease_until = now() + make_interval(secs => %(lease)s::float8)
-  FROM owned JOIN unnest(%(ids)s::text[], %(attempts)s::int[]) AS i(id, attempt) USING (id)
+  FROM unnest(%(ids)s::text[], %(attempts)s::int[]) AS i(id, attempt)
  -- The row is looked up by its primary key. Written "(...) IS TRUE", the status check is not
  -- the lease index's predicate, which would let the planner scan that whole partial index for
  -- each row (it holds an entry for every lease a row has had until vacuum removes it: small
  -- in its statistics, millions beside a long-open transaction). Every fenced write does this.
- WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = owned.id AND t.attempt = i.attempt
+ WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = i.id AND t.attempt = i.attempt
    AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE
 RETURNING t.id, t.cancel_requested
 
@@ -245,8 +245,8 @@ WITH input AS (
                         THEN 'revoked while running'
                              || COALESCE(' by ' || (t.headers ->> 'revoked_by'), '') END,
            claimed_by = NULL, lease_until = NULL, updated_at = now()
-      FROM owned JOIN input AS i USING (id)
-     WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = owned.id AND t.attempt = i.attempt
+      FROM input AS i
+     WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = i.id AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
     RETURNING t.id, t.attempt, t.status, t.error, i.store, i.content_type, i.result,
               i.started_at, i.state, {schema}.concurrency_key(t.headers) AS limit_key
@@ -298,8 +298,8 @@ WITH input AS (
                         ELSE i.error END,
            traceback = i.traceback,
            claimed_by = NULL, lease_until = NULL, updated_at = now()
-      FROM owned JOIN input AS i USING (id)
-     WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = owned.id AND t.attempt = i.attempt
+      FROM input AS i
+     WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = i.id AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
     RETURNING t.id, t.attempt, t.status, t.error, {schema}.concurrency_key(t.headers) AS limit_key
 ), saved AS (
@@ -349,8 +349,8 @@ WITH input AS (
            headers = t.headers - 'rate_slot',
            error = i.error, traceback = i.traceback,
            claimed_by = NULL, lease_until = NULL, updated_at = now()
-      FROM owned JOIN input AS i USING (id)
-     WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = owned.id AND t.attempt = i.attempt
+      FROM input AS i
+     WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = i.id AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
     RETURNING t.id, t.attempt, t.status, t.run_at, {schema}.concurrency_key(t.headers) AS limit_key
 ), saved AS (
@@ -397,8 +397,8 @@ WITH input AS (
            run_at = now() + make_interval(secs => i.delay),
            error = COALESCE(i.error, t.error),
            claimed_by = NULL, lease_until = NULL, updated_at = now()
-      FROM owned JOIN input AS i USING (id)
-     WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = owned.id AND t.attempt = i.attempt
+      FROM input AS i
+     WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = i.id AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
     RETURNING t.id, t.status, {schema}.concurrency_key(t.headers) AS limit_key
 -- insert: give_counts_back
@@ -1244,20 +1244,21 @@ SELECT count(*) AS done,
      WHERE t.id = more.id AND t.id <> ALL(ARRAY(SELECT id FROM due))
 )
 UPDATE {schema}.tasks AS t
-   SET status = CASE WHEN held.id IS NULL THEN 'RUNNING' ELSE 'BLOCKED' END,
-       claimed_by = CASE WHEN held.id IS NULL THEN %(worker)s END,
+   SET status = CASE WHEN t.id IN (SELECT id FROM held) THEN 'BLOCKED' ELSE 'RUNNING' END,
+       claimed_by = CASE WHEN t.id IN (SELECT id FROM held) THEN NULL ELSE %(worker)s END,
        -- A row edited by hand to the integer's top must not fail every claim of its queue.
-       attempt = CASE WHEN held.id IS NULL THEN LEAST(t.attempt, 2147483646) + 1
-                      ELSE t.attempt END,
-       lease_until = CASE WHEN held.id IS NULL
-                          THEN now() + make_interval(secs => %(lease)s::float8) END,
+       attempt = CASE WHEN t.id IN (SELECT id FROM held) THEN t.attempt
+                      ELSE LEAST(t.attempt, 2147483646) + 1 END,
+       lease_until = CASE WHEN t.id IN (SELECT id FROM held) THEN NULL
+                          ELSE now() + make_interval(secs => %(lease)s::float8) END,
        updated_at = now()
-  FROM due LEFT JOIN held USING (id)
- -- "id = ANY" keeps the lookup on the primary key in the generic plan too, whose guess at how
- -- many rows the claim takes would otherwise read the whole table (see claim_connection).
- WHERE t.id = ANY(ARRAY(SELECT id FROM due)) AND t.id = due.id
+ -- The rows are found by one "id = ANY" lookup on the primary key, with no join to "due": in
+ -- the generic plan a join guesses that the claim takes many rows and reads the whole table,
+ -- or repeats the array lookup once a row (sorting the array each time). "held" is read as a
+ -- hashed set. Rows come back in no particular order: the caller sorts them into claim order.
+ WHERE t.id = ANY(ARRAY(SELECT id FROM due))
 RETURNING t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
           t.content_type, t.content_encoding, t.payload::text AS payload, t.payload_raw,
           t.headers, t.run_at, t.expires_at,
           (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
-          t.created_at, t.requeued_attempt, held.id IS NOT NULL AS blocked
+          t.created_at, t.requeued_attempt, t.claimed_by IS NULL AS blocked
