@@ -20,9 +20,9 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 import psycopg
-from psycopg import errors, pq, sql
-from psycopg.abc import Buffer
-from psycopg.adapt import AdaptersMap
+from psycopg import abc, errors, pq, sql
+from psycopg.abc import AdaptContext, Buffer
+from psycopg.adapt import AdaptersMap, Loader
 from psycopg.rows import args_row, dict_row, tuple_row
 from psycopg.types.datetime import TimestamptzBinaryLoader, TimestamptzLoader
 from psycopg.types.json import Jsonb
@@ -46,27 +46,41 @@ _T = TypeVar("_T")
 
 _FOREVER = datetime.max.replace(tzinfo=timezone.utc)
 _NEVER_BEFORE = datetime.min.replace(tzinfo=timezone.utc)
+_TIMESTAMPTZ = psycopg.postgres.types["timestamptz"].oid
 
 
-class _TimestamptzLoader(TimestamptzLoader):
+class _TimestamptzLoader(Loader):
     """timestamptz with PostgreSQL's 'infinity' and '-infinity' (a row can hold them, set by
-    hand) read as the latest and earliest datetimes instead of failing the statement's read."""
+    hand) read as the latest and earliest datetimes instead of failing the statement's read.
+
+    Other values go to psycopg's own loader (its C one where psycopg has it): a subclass of
+    that loader would be its Python version, several times slower on every claimed row.
+    """
+
+    base: type[abc.Loader] = psycopg.adapters.get_loader(_TIMESTAMPTZ, pq.Format.TEXT) or (
+        TimestamptzLoader
+    )
+    infinity = b"infinity"
+    minus_infinity = b"-infinity"
+
+    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
+        super().__init__(oid, context)
+        self._load = self.base(oid, context).load
 
     def load(self, data: Buffer) -> datetime:
-        if data == b"infinity":
+        if data == self.infinity:
             return _FOREVER
-        if data == b"-infinity":
+        if data == self.minus_infinity:
             return _NEVER_BEFORE
-        return super().load(data)
+        value: datetime = self._load(data)
+        return value
 
 
-class _TimestamptzBinaryLoader(TimestamptzBinaryLoader):
-    def load(self, data: Buffer) -> datetime:
-        if data == b"\x7f\xff\xff\xff\xff\xff\xff\xff":
-            return _FOREVER
-        if data == b"\x80\x00\x00\x00\x00\x00\x00\x00":
-            return _NEVER_BEFORE
-        return super().load(data)
+class _TimestamptzBinaryLoader(_TimestamptzLoader):
+    format = pq.Format.BINARY
+    base = psycopg.adapters.get_loader(_TIMESTAMPTZ, pq.Format.BINARY) or TimestamptzBinaryLoader
+    infinity = b"\x7f\xff\xff\xff\xff\xff\xff\xff"
+    minus_infinity = b"\x80\x00\x00\x00\x00\x00\x00\x00"
 
 
 #: The adapters of pgtasks' connections: psycopg's, with the timestamptz loaders above (kept

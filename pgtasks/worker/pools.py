@@ -17,7 +17,7 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing import connection as mpc
 from multiprocessing import get_context
 from typing import TYPE_CHECKING, Any
@@ -77,6 +77,11 @@ class Pool:
     def submit(self, job: Job, done: Done) -> None:
         raise NotImplementedError
 
+    def submit_many(self, jobs: Sequence[Job], done: Done) -> None:
+        """``submit`` each of ``jobs``, in order."""
+        for job in jobs:
+            self.submit(job, done)
+
     def waiting(self) -> int:
         """Jobs submitted ahead that have not started yet."""
         return 0
@@ -105,10 +110,6 @@ class ThreadPool(Pool):
 
     name = "threads"
 
-    def __init__(self, app: Celery, concurrency: int) -> None:
-        super().__init__(app, concurrency)
-        self._waiting = 0
-
     def start(self) -> None:
         self._jobs: queue.SimpleQueue[tuple[Job, Done] | None] = queue.SimpleQueue()
         self._threads = [
@@ -121,11 +122,17 @@ class ThreadPool(Pool):
     def submit(self, job: Job, done: Done) -> None:
         with self._lock:
             self._busy += 1
-            self._waiting += 1
         self._jobs.put((job, done))
 
+    def submit_many(self, jobs: Sequence[Job], done: Done) -> None:
+        # One count for the lot: the task threads take the same lock as each job ends.
+        with self._lock:
+            self._busy += len(jobs)
+        for job in jobs:
+            self._jobs.put((job, done))
+
     def waiting(self) -> int:
-        return self._waiting
+        return self._jobs.qsize()
 
     def take_waiting(self) -> list[Job]:
         jobs: list[Job] = []
@@ -138,7 +145,6 @@ class ThreadPool(Pool):
                     break
                 with self._lock:
                     self._busy -= 1
-                    self._waiting -= 1
                 jobs.append(item[0])
         return jobs
 
@@ -148,8 +154,6 @@ class ThreadPool(Pool):
             if item is None:
                 return
             job, done = item
-            with self._lock:
-                self._waiting -= 1
             try:
                 if self.on_start is not None:
                     self.on_start(job)
@@ -299,9 +303,12 @@ class PreforkPool(Pool):
         self._reader.start()
 
     def submit(self, job: Job, done: Done) -> None:
+        self.submit_many([job], done)
+
+    def submit_many(self, jobs: Sequence[Job], done: Done) -> None:
         with self._lock:
-            self._busy += 1
-            self._queued.append((job, done))
+            self._busy += len(jobs)
+            self._queued.extend((job, done) for job in jobs)
         self._dispatch()
 
     def waiting(self) -> int:

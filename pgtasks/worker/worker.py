@@ -415,8 +415,10 @@ class Worker:
 
     def _start_buffered(self) -> None:
         """Hand every claimed job to the pool, which starts each as a slot frees up."""
-        while self._buffer:
-            self.pool.submit(self._buffer.popleft(), self._done)
+        if self._buffer:
+            jobs = list(self._buffer)
+            self._buffer.clear()
+            self.pool.submit_many(jobs, self._done)
 
     def _backlog(self) -> int:
         """Claimed jobs not started yet: buffered here or queued in the pool."""
