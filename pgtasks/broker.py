@@ -13,7 +13,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -28,6 +28,7 @@ from psycopg.types.datetime import TimestamptzBinaryLoader, TimestamptzLoader
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
+from pgtasks.concurrency import KEY
 from pgtasks.exceptions import (
     EncodeError,
     ImproperlyConfigured,
@@ -121,9 +122,9 @@ def _text(value: str | None) -> str | None:
     return value.replace("\x00", "\\x00") if value else value
 
 
-def _claim_order(row: ClaimedTask) -> tuple[int, datetime, datetime]:
-    """The claim's order: priority (highest first), then due time, then age."""
-    return (-row.priority, row.run_at, row.created_at)
+def _claim_order(row: ClaimedTask) -> tuple[bool, int, datetime, datetime]:
+    """The claim's order (claimed rows first): priority (highest first), due time, age."""
+    return (row.set_aside is not None, -row.priority, row.run_at, row.created_at)
 
 
 def _ago(started: datetime | None, now: float) -> float | None:
@@ -605,10 +606,14 @@ class Broker:
         lease: float,
         conn: psycopg.Connection[Any] | None = None,
         floors: FloorPlan | None = None,
+        rates: Mapping[str, float] | None = None,
     ) -> list[ClaimedTask]:
         """Claim up to ``limit`` due tasks in priority order (one statement); with ``floors``,
-        reading each known queue and priority from its floor on (see pgtasks.worker.floors)."""
-        return self.claim_counting(worker, queues, limit, lease, conn, floors)[0]
+        reading each known queue and priority from its floor on (see pgtasks.worker.floors).
+
+        ``rates`` maps rate-limited task names to the seconds between their starts: a row of
+        such a task starts only at its start time, and waits PENDING for a later one."""
+        return self.claim_counting(worker, queues, limit, lease, conn, floors, rates)[0]
 
     def claim_counting(
         self,
@@ -618,10 +623,34 @@ class Broker:
         lease: float,
         conn: psycopg.Connection[Any] | None = None,
         floors: FloorPlan | None = None,
+        rates: Mapping[str, float] | None = None,
     ) -> tuple[list[ClaimedTask], int]:
         """``claim``, and how many rows it took in all: the claimed ones and those it set
-        BLOCKED (over a concurrency limit), which are not returned."""
-        params: dict[str, Any] = {"worker": worker, "limit": limit, "lease": lease}
+        aside (BLOCKED over a concurrency limit, or waiting for a rate limit's start time),
+        which are not returned."""
+        rows = self.claim_all(worker, queues, limit, lease, conn, floors, rates)
+        claimed = [row for row in rows if row.set_aside is None]
+        return claimed, len(rows)
+
+    def claim_all(
+        self,
+        worker: str,
+        queues: Sequence[str],
+        limit: int,
+        lease: float,
+        conn: psycopg.Connection[Any] | None = None,
+        floors: FloorPlan | None = None,
+        rates: Mapping[str, float] | None = None,
+    ) -> list[ClaimedTask]:
+        """``claim``, with the rows set aside too (``set_aside`` holds their status); the
+        claimed rows in claim order, the others after them."""
+        params: dict[str, Any] = {
+            "worker": worker,
+            "limit": limit,
+            "lease": lease,
+            "rate_names": list(rates or ()),
+            "rate_every": list((rates or {}).values()),
+        }
         if floors is None:
             name = "claim_batch"
             params["queues"] = list(queues)
@@ -630,12 +659,16 @@ class Broker:
             params.update(floors.params())
         # Columns come back in ClaimedTask's field order: built positionally, no dict per row.
         rows: list[Any] = self._all(name, params, conn, row_factory=args_row(ClaimedTask))
-        claimed: list[ClaimedTask] = rows
-        if any(row.blocked for row in rows):
-            claimed = [row for row in rows if not row.blocked]
         # The statement returns its rows in no set order; they start in claim order.
-        claimed.sort(key=_claim_order)
-        return claimed, len(rows)
+        rows.sort(key=_claim_order)
+        waiting = [r.headers for r in rows if r.set_aside == "PENDING" and r.headers]
+        if waiting:
+            # A row of a limited key that now waits for its rate limit's start time may have
+            # been the one moved on when a place came free: move on the next (a key without
+            # blocked rows or without room moves nothing).
+            keys = (h.get(KEY) for h in waiting if isinstance(h, dict))
+            self.unblock(key if isinstance(key, str) else None for key in keys)
+        return rows
 
     def unblock(
         self, keys: Iterable[str | None], conn: psycopg.Connection[Any] | None = None
@@ -760,29 +793,6 @@ class Broker:
                 "errors": [_text(i.error) for i in items],
             },
         )
-
-    def take_rate_slots(
-        self,
-        worker: str,
-        items: Sequence[tuple[str, int, str, float]],
-    ) -> dict[str, bool]:
-        """Start times for rate-limited claimed rows ``(id, attempt, key, interval)``.
-
-        Returns id -> deferred: True for a row handed back to wait for its slot (or no longer
-        owned), False for one whose slot is now.
-        """
-        rows = self._all(
-            "take_rate_slots",
-            {
-                "worker": worker,
-                "ids": [i[0] for i in items],
-                "attempts": [i[1] for i in items],
-                "keys": [i[2] for i in items],
-                "intervals": [i[3] for i in items],
-            },
-        )
-        self.unblock(row["limit_key"] for row in rows)
-        return {row["id"]: row["deferred"] for row in rows}
 
     def reclaim(
         self,

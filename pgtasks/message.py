@@ -69,8 +69,9 @@ class ClaimedTask:
     #: The attempt a dead-letter requeue started from (0 if never requeued): workers lost
     #: before it do not count against the task's budget any more.
     requeued_attempt: int = 0
-    #: Set BLOCKED by the claim (its concurrency limit is full), not claimed: never run.
-    blocked: bool = False
+    #: Not claimed, never run: set BLOCKED by the claim (its concurrency limit is full), or
+    #: left PENDING until its rate-limit start time. None for a claimed row.
+    set_aside: str | None = None
 
     @property
     def body(self) -> bytes | str:

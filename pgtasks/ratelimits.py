@@ -1,11 +1,12 @@
 """Celery's ``rate_limit``, held across every worker by the database.
 
 A rate such as ``"10/m"`` becomes an interval between task starts (6 s). Each rate-limited task
-name owns a row in ``rate_limits`` whose ``next_at`` is the next free start time. A worker that
-claims such a task takes the next slot in one statement with every other limited row of its
-claim: a slot already due runs now, a later one hands the row back, due at its slot and marked
-as admitted, so whichever worker claims it then runs it without asking again. Slots are one
-interval apart whichever worker takes them: the limit is global, where Celery's is per worker.
+name owns a row in ``rate_limits`` whose ``next_at`` is the next free start time. The worker
+names its rate-limited tasks and their intervals in every claim, and the claim statement gives
+each such row it picks the next slot: a slot already due runs now; a later one leaves the row
+PENDING, due at its slot and marked as admitted, so whichever worker claims it then runs it
+without asking again. Slots are one interval apart whichever worker takes them: the limit is
+global, where Celery's is per worker. A row waiting for its slot holds no concurrency-limit place.
 """
 
 from __future__ import annotations

@@ -109,14 +109,18 @@ SELECT i.id, i.name, i.queue, i.priority,
 -- The RETURNING columns are in the order of pgtasks.message.ClaimedTask's fields (built positionally).
 -- One ordered index scan per queue (a plain "queue = ANY(...)" would sort every pending row).
 -- Rows under a concurrency limit start only while their key has room (see "counted"); the
--- others are set BLOCKED and come back with blocked = true (the caller drops them).
+-- others are set BLOCKED. Rows of a rate-limited task start only at their start time (see
+-- "rated"); the later ones stay PENDING, due then. Both come back with set_aside, their status
+-- (the caller counts them as taken and drops them).
 WITH due AS (
-    SELECT c.id, c.priority, c.run_at, c.created_at, c.limit_key, c.limit_max
+    SELECT c.id, c.priority, c.run_at, c.created_at, c.limit_key, c.limit_max, c.name,
+           c.expires_at, c.admitted
       FROM unnest(%(queues)s::text[]) AS q(name)
      CROSS JOIN LATERAL (
             SELECT id, priority, run_at, created_at,
                    {schema}.concurrency_key(headers) AS limit_key,
-                   headers ->> 'concurrency_limit' AS limit_max
+                   headers ->> 'concurrency_limit' AS limit_max,
+                   name, expires_at, headers ? 'rate_slot' AS admitted
               FROM {schema}.tasks
              WHERE status = 'PENDING'
                AND queue = q.name
@@ -134,7 +138,8 @@ WITH due AS (
 -- known (queue, priority) bands are read from their floors on, the priority ranges between them
 -- in full. Same locking, concurrency limits, update and RETURNING columns as claim_batch.
 WITH due AS (
-    SELECT c.id, c.priority, c.run_at, c.created_at, c.limit_key, c.limit_max
+    SELECT c.id, c.priority, c.run_at, c.created_at, c.limit_key, c.limit_max, c.name,
+           c.expires_at, c.admitted
       FROM unnest(%(band_queues)s::text[], %(band_priorities)s::int[],
                   %(band_floors)s::timestamptz[]) AS b(queue, priority, floor)
      CROSS JOIN LATERAL (
@@ -142,7 +147,8 @@ WITH due AS (
             -- behind it are never visited.
             SELECT id, priority, run_at, created_at,
                    {schema}.concurrency_key(headers) AS limit_key,
-                   headers ->> 'concurrency_limit' AS limit_max
+                   headers ->> 'concurrency_limit' AS limit_max,
+                   name, expires_at, headers ? 'rate_slot' AS admitted
               FROM {schema}.tasks
              WHERE status = 'PENDING'
                AND queue = b.queue
@@ -154,13 +160,15 @@ WITH due AS (
                FOR UPDATE SKIP LOCKED
            ) AS c
     UNION ALL
-    SELECT c.id, c.priority, c.run_at, c.created_at, c.limit_key, c.limit_max
+    SELECT c.id, c.priority, c.run_at, c.created_at, c.limit_key, c.limit_max, c.name,
+           c.expires_at, c.admitted
       FROM unnest(%(gap_queues)s::text[], %(gap_lows)s::int[], %(gap_highs)s::int[])
            AS g(queue, low, high)
      CROSS JOIN LATERAL (
             SELECT id, priority, run_at, created_at,
                    {schema}.concurrency_key(headers) AS limit_key,
-                   headers ->> 'concurrency_limit' AS limit_max
+                   headers ->> 'concurrency_limit' AS limit_max,
+                   name, expires_at, headers ? 'rate_slot' AS admitted
               FROM {schema}.tasks
              WHERE status = 'PENDING'
                AND queue = g.queue
@@ -404,55 +412,6 @@ WITH input AS (
 -- insert: give_counts_back
 )
 SELECT id, status, limit_key FROM done
-
--- name: take_rate_slots
--- Rate limits: give each rate-limited row of a claim its start time ("slot"), one interval apart
--- per key in claim order, whichever worker asks (the key's row is locked by the upsert, keys in
--- order). A row whose slot is later than now is handed back, due at its slot and marked as
--- admitted (the claim's attempt and a concurrency limit's count given back; a revoke that
--- arrived wins); the others run now.
-WITH input AS (
-    SELECT i.id, i.attempt, i.key, i.every,
-           row_number() OVER (PARTITION BY i.key ORDER BY i.ord) - 1 AS place
-      FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(keys)s::text[],
-                  %(intervals)s::float8[]) WITH ORDINALITY AS i(id, attempt, key, every, ord)
-), wanted AS (
-    SELECT key, max(every) AS every, count(*) AS n FROM input GROUP BY key
-), taken AS (
-    INSERT INTO {schema}.rate_limits AS b (key, next_at)
-    SELECT key, now() + make_interval(secs => every * n) FROM wanted ORDER BY key
-    ON CONFLICT (key) DO UPDATE
-       SET next_at = greatest(b.next_at, now()) + (EXCLUDED.next_at - now())
-    RETURNING b.key, b.next_at
-), slots AS (
-    SELECT i.id, i.attempt, t.next_at - make_interval(secs => w.every * (w.n - i.place)) AS slot
-      FROM input AS i JOIN wanted AS w USING (key) JOIN taken AS t USING (key)
-), owned AS (
-    SELECT t.id
-      FROM {schema}.tasks AS t
-      JOIN slots AS s ON t.id = s.id AND t.attempt = s.attempt
-     WHERE t.id = ANY(%(ids)s::text[]) AND s.slot > now()
-       AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
-     ORDER BY t.id
-       FOR UPDATE OF t
-), done AS (
-    -- The rows handed back to wait for their slot.
-    UPDATE {schema}.tasks AS t
-       SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
-           attempt = t.attempt - 1,
-           unique_key = CASE WHEN t.unique_until_started THEN NULL ELSE t.unique_key END,
-           run_at = s.slot,
-           headers = t.headers || jsonb_build_object('rate_slot', s.slot),
-           claimed_by = NULL, lease_until = NULL, updated_at = now()
-      FROM slots AS s, owned
-     WHERE t.id = ANY(%(ids)s::text[]) AND t.id = owned.id AND t.id = s.id
-       AND t.attempt = s.attempt
-       AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
-    RETURNING t.id, {schema}.concurrency_key(t.headers) AS limit_key
--- insert: give_counts_back
-)
-SELECT s.id, s.slot, s.slot > now() AS deferred, d.limit_key
-  FROM slots AS s LEFT JOIN done AS d USING (id)
 
 -- name: unblock
 -- Concurrency limits: move BLOCKED rows of the given keys back to PENDING, as many per key as
@@ -1195,11 +1154,44 @@ SELECT count(*) AS done,
 
 -- fragment: claim_limited
 -- The end of both claims, from their CTE "due" (the rows picked, in claim order, with their
--- limit_key and limit_max): concurrency limits, the update and the RETURNING columns.
+-- limit_key, limit_max, name, expires_at and whether they hold a rate slot): rate limits,
+-- concurrency limits, the update and the RETURNING columns.
+), rated AS (
+    -- Rate limits (the worker names its rate-limited tasks and their intervals): the due rows
+    -- of such a task that do not hold a start time yet, numbered in claim order per task. An
+    -- expired row is left out: it is cancelled, not run.
+    SELECT d.id, 'task:' || d.name AS key, r.every,
+           row_number() OVER (PARTITION BY d.name
+                              ORDER BY d.priority DESC, d.run_at, d.created_at) - 1 AS place
+      FROM due AS d
+      JOIN unnest(%(rate_names)s::text[], %(rate_every)s::float8[]) AS r(name, every)
+        ON r.name = d.name
+     WHERE NOT d.admitted AND (d.expires_at IS NULL OR d.expires_at > now())
+), rate_wanted AS (
+    SELECT key, max(every) AS every, count(*) AS n FROM rated GROUP BY key
+), rate_taken AS (
+    -- Each task's next free start time moves on by one interval a row, from now at the
+    -- earliest. The upsert locks the task's row (tasks in order), so claims of one task take
+    -- their times one after another, whichever worker makes them.
+    INSERT INTO {schema}.rate_limits AS b (key, next_at)
+    SELECT key, now() + make_interval(secs => every * n) FROM rate_wanted ORDER BY key
+    ON CONFLICT (key) DO UPDATE
+       SET next_at = greatest(b.next_at, now()) + (EXCLUDED.next_at - now())
+    RETURNING b.key, b.next_at
+), deferred AS (
+    -- The rows whose start time is later than now: they stay PENDING, due at that time and
+    -- marked as holding it, so whichever worker claims them then runs them without asking.
+    SELECT s.id, s.slot
+      FROM (SELECT i.id, t.next_at - make_interval(secs => w.every * (w.n - i.place)) AS slot
+              FROM rated AS i JOIN rate_wanted AS w USING (key) JOIN rate_taken AS t USING (key)
+           ) AS s
+     WHERE s.slot > now()
 ), wanted AS (
+    -- Concurrency limits count the rows that start now (a row waiting for its rate slot does
+    -- not hold a place).
     SELECT limit_key AS key, count(*)::int AS n, max(limit_max::int) AS most
       FROM due
-     WHERE limit_key IS NOT NULL
+     WHERE limit_key IS NOT NULL AND id NOT IN (SELECT id FROM deferred)
      GROUP BY limit_key
 ), counted AS (
     -- Each key's RUNNING count: the upsert locks the key's row (keys in order), so claims of
@@ -1223,7 +1215,7 @@ SELECT count(*) AS done,
                    row_number() OVER (PARTITION BY limit_key
                                       ORDER BY priority DESC, run_at, created_at) AS place
               FROM due
-             WHERE limit_key IS NOT NULL) AS r
+             WHERE limit_key IS NOT NULL AND id NOT IN (SELECT id FROM deferred)) AS r
       JOIN counted AS c USING (key)
      WHERE r.place > c.granted
 ), aside AS (
@@ -1242,23 +1234,35 @@ SELECT count(*) AS done,
                FOR UPDATE SKIP LOCKED
            ) AS more
      WHERE t.id = more.id AND t.id <> ALL(ARRAY(SELECT id FROM due))
+), set_aside AS (
+    SELECT id FROM held UNION ALL SELECT id FROM deferred
 )
 UPDATE {schema}.tasks AS t
-   SET status = CASE WHEN t.id IN (SELECT id FROM held) THEN 'BLOCKED' ELSE 'RUNNING' END,
-       claimed_by = CASE WHEN t.id IN (SELECT id FROM held) THEN NULL ELSE %(worker)s END,
+   SET status = CASE WHEN t.id NOT IN (SELECT id FROM set_aside) THEN 'RUNNING'
+                     WHEN t.id IN (SELECT id FROM held) THEN 'BLOCKED'
+                     ELSE 'PENDING' END,
+       claimed_by = CASE WHEN t.id NOT IN (SELECT id FROM set_aside) THEN %(worker)s END,
        -- A row edited by hand to the integer's top must not fail every claim of its queue.
-       attempt = CASE WHEN t.id IN (SELECT id FROM held) THEN t.attempt
-                      ELSE LEAST(t.attempt, 2147483646) + 1 END,
-       lease_until = CASE WHEN t.id IN (SELECT id FROM held) THEN NULL
-                          ELSE now() + make_interval(secs => %(lease)s::float8) END,
+       attempt = CASE WHEN t.id NOT IN (SELECT id FROM set_aside)
+                      THEN LEAST(t.attempt, 2147483646) + 1 ELSE t.attempt END,
+       lease_until = CASE WHEN t.id NOT IN (SELECT id FROM set_aside)
+                          THEN now() + make_interval(secs => %(lease)s::float8) END,
+       run_at = CASE WHEN t.id IN (SELECT id FROM deferred)
+                     THEN (SELECT d.slot FROM deferred AS d WHERE d.id = t.id)
+                     ELSE t.run_at END,
+       headers = CASE WHEN t.id IN (SELECT id FROM deferred)
+                      THEN t.headers || jsonb_build_object(
+                               'rate_slot', (SELECT d.slot FROM deferred AS d WHERE d.id = t.id))
+                      ELSE t.headers END,
        updated_at = now()
  -- The rows are found by one "id = ANY" lookup on the primary key, with no join to "due": in
  -- the generic plan a join guesses that the claim takes many rows and reads the whole table,
- -- or repeats the array lookup once a row (sorting the array each time). "held" is read as a
- -- hashed set. Rows come back in no particular order: the caller sorts them into claim order.
+ -- or repeats the array lookup once a row (sorting the array each time). The sets of rows
+ -- set aside are read hashed. Rows come back in no particular order: the caller sorts them.
  WHERE t.id = ANY(ARRAY(SELECT id FROM due))
 RETURNING t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
           t.content_type, t.content_encoding, t.payload::text AS payload, t.payload_raw,
           t.headers, t.run_at, t.expires_at,
           (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
-          t.created_at, t.requeued_attempt, t.claimed_by IS NULL AS blocked
+          t.created_at, t.requeued_attempt,
+          CASE WHEN t.claimed_by IS NULL THEN t.status END AS set_aside

@@ -120,6 +120,8 @@ class Worker:
         self.prefetch_extra = self.concurrency * max(0, multiplier - 1)
         self.prefetch_window = s.prefetch_window
         self._runtime_ewma: float | None = None
+        # Registered tasks with a rate limit (see _rate_intervals), for a registry of that size.
+        self._rates: tuple[int, dict[str, float]] | None = None
         self._buffer: deque[ex.Job] = deque()
         self.log = log.bind(worker_id=self.id)
         self._debug = log_enabled(self.log, logging.DEBUG)
@@ -274,7 +276,7 @@ class Worker:
                 self.metrics.loop_error("claim")
                 self._stopping.wait(1.0)
                 continue
-            for row in self._take_rate_slots(self._well_formed(claimed)):
+            for row in self._well_formed(claimed):
                 job = self._accept(row)
                 if job is not None:
                     self._buffer.append(job)
@@ -301,8 +303,8 @@ class Worker:
         plan = floors.plan(self.queues)
         started = time.perf_counter()
         try:
-            claimed, taken = broker.claim_counting(
-                self.id, self.queues, want, self.lease, conn, plan
+            rows = broker.claim_all(
+                self.id, self.queues, want, self.lease, conn, plan, self._rate_intervals()
             )
         except psycopg.OperationalError:
             if conn is None:
@@ -313,6 +315,13 @@ class Worker:
             self._claim_conn = None
             raise
         elapsed = time.perf_counter() - started
+        claimed = [row for row in rows if row.set_aside is None]
+        if len(claimed) < len(rows) and self._debug:
+            for row in rows:
+                if row.set_aside == Status.PENDING:
+                    self.log.debug(
+                        "task.rate_limited", task_id=row.id, task_name=row.name, eta=row.run_at
+                    )
         was_active = floors.active
         floors.record(plan, claimed, elapsed, time.monotonic())
         if floors.active != was_active:
@@ -328,7 +337,7 @@ class Worker:
                 )
             else:
                 self.log.info("worker.claim_floors", state="off", claim_ms=claim_ms)
-        return claimed, taken
+        return claimed, len(rows)
 
     def _probe_floors(self) -> None:
         """While claims start from floors, look for due rows behind them now and then (see
@@ -368,38 +377,20 @@ class Worker:
             self._settle(self._failure(row, Status.DEAD, error))
         return kept
 
-    def _take_rate_slots(self, claimed: list[ClaimedTask]) -> list[ClaimedTask]:
-        """The claimed rows that may start now: rate-limited ones get their start times in one
-        statement, and those whose time is later go back to wait for it (see ratelimits)."""
-        if self.settings.disable_rate_limits or not claimed:
-            return claimed
-        limited: list[tuple[str, int, str, float]] = []
-        for row in claimed:
-            task = self.app.tasks.get(row.name)
-            if task is None or row.expired or ratelimits.admitted(row.headers):
-                continue
-            every = self._rate_interval(task)
-            if every is not None:
-                limited.append((row.id, row.attempt, ratelimits.key(row.name), every))
-        if not limited:
-            return claimed
-        try:
-            deferred = self.app.broker.take_rate_slots(self.id, limited)
-        except Exception:
-            # No start time could be taken: hand the limited rows back to be claimed again.
-            self.log.exception("worker.loop_error", during="rate limit")
-            self.metrics.loop_error("rate limit")
-            wait = {item[0] for item in limited}
-            for row in claimed:
-                if row.id in wait:
-                    with self._lock:
-                        self._inflight[row.id] = InFlight(row)
-                    self._settle(Release(row.id, row.attempt, 1.0, None))
-            return [row for row in claimed if row.id not in wait]
-        for row in claimed:
-            if deferred.get(row.id):
-                self.log.debug("task.rate_limited", task_id=row.id, task_name=row.name)
-        return [row for row in claimed if not deferred.get(row.id)]
+    def _rate_intervals(self) -> dict[str, float]:
+        """Each registered task with a rate limit, and the seconds between its starts: the
+        claim holds those tasks to their start times (see pgtasks.ratelimits)."""
+        if self.settings.disable_rate_limits:
+            return {}
+        tasks = self.app.tasks
+        if self._rates is None or self._rates[0] != len(tasks):
+            rates: dict[str, float] = {}
+            for name, task in list(tasks.items()):
+                every = self._rate_interval(task)
+                if every is not None:
+                    rates[name] = every
+            self._rates = (len(tasks), rates)
+        return self._rates[1]
 
     def _rate_interval(self, task: Any) -> float | None:
         limit = task.rate_limit if task.rate_limit is not None else self.settings.default_rate_limit

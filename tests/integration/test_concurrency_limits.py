@@ -267,11 +267,15 @@ def test_every_way_a_running_row_ends_gives_its_count_back(app: Celery, db: Any,
     db.execute("UPDATE tasks SET run_at = now() + interval '1 hour' WHERE id = %s", (c.id,))
     assert status(db, c.id) == "PENDING"
     ended(c, "lost")
-    c = claim_one()
-    # A rate limit's later slot hands the claimed row back to wait for it.
-    assert broker.take_rate_slots("w1", [(c.id, c.attempt, "task:r", 3600.0)]) == {c.id: False}
-    assert broker.take_rate_slots("w1", [(c.id, c.attempt, "task:r", 3600.0)]) == {c.id: True}
-    ended(c, "deferred")
+    # A row that waits for its rate limit's start time takes no place: the claim leaves it
+    # PENDING, due at that time.
+    db.execute(
+        "INSERT INTO rate_limits (key, next_at) VALUES ('task:limits.sync', now() + interval '1 h')"
+    )
+    waiting, taken = broker.claim_counting("w1", ["celery"], 1, 30.0, rates={"limits.sync": 60.0})
+    assert (waiting, taken) == ([], 1)
+    assert running(db, KEY_1) == 0
+    assert task_row(db, ids[4])["attempt"] == 0
     c = claim_one()
     broker.complete("w1", [Success(c.id, c.attempt, False, "application/json", None, None)])
     assert running(db, KEY_1) == 0

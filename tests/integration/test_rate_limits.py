@@ -147,3 +147,45 @@ def test_disabled_rate_limits_run_everything_now(
     with worker_factory(concurrency=2):
         assert [hourly.delay(n).get(timeout=10) for n in range(3)] == [0, 1, 2]
     assert rows(db, "SELECT * FROM rate_limits") == []
+
+
+def test_the_claim_gives_start_times_and_leaves_later_rows_waiting(
+    app: Celery, db: psycopg.Connection[Any]
+) -> None:
+    @app.task(name="rl.claimed")
+    def limited(n: int) -> int:
+        return n
+
+    @app.task(name="rl.other")
+    def other(n: int) -> int:
+        return n
+
+    ids = [limited.delay(n).id for n in range(3)]
+    expired = limited.apply_async((9,), expires=0.001).id
+    free = other.delay(0).id
+    db.execute("UPDATE tasks SET expires_at = now() - interval '1 s' WHERE id = %s", (expired,))
+    rows_back = app.broker.claim_all("w1", ["celery"], 10, 30.0, rates={"rl.claimed": 60.0})
+    started = {r.id for r in rows_back if r.set_aside is None}
+    waiting = [r.id for r in rows_back if r.set_aside == "PENDING"]
+    # The first limited row takes the free start time; an expired row takes none (it is
+    # cancelled, not run); a task without a limit runs.
+    assert started == {ids[0], expired, free}
+    assert sorted(waiting) == sorted(ids[1:])
+    later = rows(
+        db,
+        "SELECT id, status, attempt, claimed_by, run_at - now() AS wait, "
+        "(headers ->> 'rate_slot')::timestamptz = run_at AS holds_slot "
+        "FROM tasks WHERE id = ANY(%s) ORDER BY run_at",
+        (ids[1:],),
+    )
+    assert [r["id"] for r in later] == ids[1:], "start times in claim order"
+    assert all(
+        (r["status"], r["attempt"], r["claimed_by"], r["holds_slot"]) == ("PENDING", 0, None, True)
+        for r in later
+    )
+    assert [round(r["wait"].total_seconds()) for r in later] == [60, 120]
+    # Not due yet: nothing more to claim. Once due, they run without asking again.
+    assert app.broker.claim_all("w1", ["celery"], 10, 30.0, rates={"rl.claimed": 60.0}) == []
+    advance_due(db)
+    again = app.broker.claim_all("w1", ["celery"], 10, 30.0, rates={"rl.claimed": 60.0})
+    assert sorted(r.id for r in again if r.set_aside is None) == sorted(ids[1:])
