@@ -96,6 +96,8 @@ class PgTasksAdapter(Adapter):
                 h = bench_limited
             elif limits.startswith("backlog:"):
                 self._held_backlog(h, int(limits.split(":")[1]))
+            elif limits.startswith("rated:"):
+                self._rated_backlog(int(limits.split(":")[1]))
             t0 = time.perf_counter()
             left = n
             while left:
@@ -122,6 +124,17 @@ class PgTasksAdapter(Adapter):
                 " VALUES (%s, 1, 1) ON CONFLICT (key) DO UPDATE SET running = 1",
                 ('task:bench.held:{"run":"held"}',),
             )
+
+    def _rated_backlog(self, n: int) -> None:
+        """``n`` tasks of a task limited to one start an hour, ahead of the timed ones: claims
+        meet them first, start one and leave the others waiting for their start times."""
+        from pgtasks_app import bench_rated
+
+        left = n
+        while left:
+            k = min(self.bulk_chunk, left)
+            bench_rated.apply_many([("rated",)] * k)
+            left -= k
 
     # -- workers --------------------------------------------------------------------------------
 

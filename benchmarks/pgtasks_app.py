@@ -28,7 +28,8 @@ def bench_task(run: str, ts: float) -> None:
 # Concurrency limits under load (PGTASKS_BENCH_LIMITS, read by the adapter's bulk enqueue):
 # "keys:K:L" sends the tasks as bench.limited, spread over K concurrency keys of limit L each,
 # so every claim and completion goes through the limit counts; "backlog:B" puts B tasks of one
-# full key in front of the plain ones, to show that they cost the others nothing once blocked.
+# full key in front of the plain ones, to show that they cost the others nothing once blocked;
+# "rated:B" puts B tasks of a task limited to one start an hour in front of them.
 _turn = itertools.count()
 _keys = int(os.environ.get("PGTASKS_BENCH_LIMIT_KEYS", "1000"))
 
@@ -44,4 +45,9 @@ def bench_limited(run: str, ts: float) -> None:
 
 @app.task(name="bench.held", ignore_result=True, concurrency_limit=1, concurrency_key=("run",))
 def bench_held(run: str) -> None:
+    common.task_body(run, 0.0)
+
+
+@app.task(name="bench.rated", ignore_result=True, rate_limit="1/h")
+def bench_rated(run: str) -> None:
     common.task_body(run, 0.0)
