@@ -641,12 +641,16 @@ class Broker:
         conn: psycopg.Connection[Any] | None = None,
         floors: FloorPlan | None = None,
         rates: Mapping[str, float] | None = None,
+        scan: int = 0,
     ) -> list[ClaimedTask]:
         """``claim``, with the rows set aside too (``set_aside`` holds their status); the
-        claimed rows in claim order, the others after them."""
+        claimed rows in claim order, the others after them. The claim reads up to ``scan``
+        due rows (``limit`` at least), setting aside every one waiting for a rate limit's
+        start time, and claims ``limit`` of the others."""
         params: dict[str, Any] = {
             "worker": worker,
             "limit": limit,
+            "scan": max(limit, scan),
             "lease": lease,
             "rate_names": list(rates or ()),
             "rate_every": list((rates or {}).values()),

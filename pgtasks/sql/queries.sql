@@ -106,6 +106,7 @@ SELECT i.id, i.name, i.queue, i.priority,
 -- name: claim_batch
 -- Claim up to %(limit)s due PENDING rows of the given queues in priority order, in one statement:
 -- lock with SKIP LOCKED, mark RUNNING under this worker's lease, bump the attempt (the fencing token).
+-- It reads up to %(scan)s (at least %(limit)s) rows to find them (see "picked").
 -- The RETURNING columns are in the order of pgtasks.message.ClaimedTask's fields (built positionally).
 -- One ordered index scan per queue (a plain "queue = ANY(...)" would sort every pending row).
 -- Rows under a concurrency limit start only while their key has room (see "counted"); the
@@ -126,11 +127,11 @@ WITH due AS (
                AND queue = q.name
                AND run_at <= now()
              ORDER BY priority DESC, run_at, created_at
-             LIMIT %(limit)s
+             LIMIT %(scan)s
                FOR UPDATE SKIP LOCKED
            ) AS c
      ORDER BY c.priority DESC, c.run_at, c.created_at
-     LIMIT %(limit)s
+     LIMIT %(scan)s
 -- insert: claim_limited
 
 -- name: claim_batch_from_floors
@@ -156,7 +157,7 @@ WITH due AS (
                AND run_at >= b.floor
                AND run_at <= now()
              ORDER BY run_at, created_at
-             LIMIT %(limit)s
+             LIMIT %(scan)s
                FOR UPDATE SKIP LOCKED
            ) AS c
     UNION ALL
@@ -175,11 +176,11 @@ WITH due AS (
                AND priority BETWEEN g.low AND g.high
                AND run_at <= now()
              ORDER BY priority DESC, run_at, created_at
-             LIMIT %(limit)s
+             LIMIT %(scan)s
                FOR UPDATE SKIP LOCKED
            ) AS c
      ORDER BY priority DESC, run_at, created_at
-     LIMIT %(limit)s
+     LIMIT %(scan)s
 -- insert: claim_limited
 
 -- name: rows_behind_floors
@@ -1186,12 +1187,23 @@ SELECT count(*) AS done,
               FROM rated AS i JOIN rate_wanted AS w USING (key) JOIN rate_taken AS t USING (key)
            ) AS s
      WHERE s.slot > now()
+), picked AS (
+    -- The rows this claim takes: the first %(limit)s in claim order of those not waiting for a
+    -- start time, and any rate-limited row whose start time is now (a start time given is
+    -- never left unused). The claim reads up to %(scan)s rows: the worker reads further after
+    -- a claim that set rows aside, so that a backlog of rate-limited rows is set aside in a
+    -- few claims rather than a few rows a claim.
+    SELECT p.id, p.priority, p.run_at, p.created_at, p.limit_key, p.limit_max
+      FROM (SELECT d.*, row_number() OVER (ORDER BY d.priority DESC, d.run_at, d.created_at) AS n
+              FROM due AS d
+             WHERE d.id NOT IN (SELECT id FROM deferred)) AS p
+     WHERE p.n <= %(limit)s OR p.id IN (SELECT id FROM rated)
 ), wanted AS (
-    -- Concurrency limits count the rows that start now (a row waiting for its rate slot does
-    -- not hold a place).
+    -- Concurrency limits count the rows that start now (a row waiting for its rate limit's
+    -- start time does not hold a place).
     SELECT limit_key AS key, count(*)::int AS n, max(limit_max::int) AS most
-      FROM due
-     WHERE limit_key IS NOT NULL AND id NOT IN (SELECT id FROM deferred)
+      FROM picked
+     WHERE limit_key IS NOT NULL
      GROUP BY limit_key
 ), counted AS (
     -- Each key's RUNNING count: the upsert locks the key's row (keys in order), so claims of
@@ -1214,8 +1226,8 @@ SELECT count(*) AS done,
       FROM (SELECT id, limit_key AS key,
                    row_number() OVER (PARTITION BY limit_key
                                       ORDER BY priority DESC, run_at, created_at) AS place
-              FROM due
-             WHERE limit_key IS NOT NULL AND id NOT IN (SELECT id FROM deferred)) AS r
+              FROM picked
+             WHERE limit_key IS NOT NULL) AS r
       JOIN counted AS c USING (key)
      WHERE r.place > c.granted
 ), aside AS (
@@ -1236,6 +1248,10 @@ SELECT count(*) AS done,
      WHERE t.id = more.id AND t.id <> ALL(ARRAY(SELECT id FROM due))
 ), set_aside AS (
     SELECT id FROM held UNION ALL SELECT id FROM deferred
+), slots AS (
+    -- The start times of the rows that wait, as one object by id: a lookup by key per row
+    -- (a lookup in "deferred" per row would cost the square of its size).
+    SELECT COALESCE(jsonb_object_agg(id, slot), '{{}}') AS by_id FROM deferred
 )
 UPDATE {schema}.tasks AS t
    SET status = CASE WHEN t.id NOT IN (SELECT id FROM set_aside) THEN 'RUNNING'
@@ -1247,19 +1263,17 @@ UPDATE {schema}.tasks AS t
                       THEN LEAST(t.attempt, 2147483646) + 1 ELSE t.attempt END,
        lease_until = CASE WHEN t.id NOT IN (SELECT id FROM set_aside)
                           THEN now() + make_interval(secs => %(lease)s::float8) END,
-       run_at = CASE WHEN t.id IN (SELECT id FROM deferred)
-                     THEN (SELECT d.slot FROM deferred AS d WHERE d.id = t.id)
-                     ELSE t.run_at END,
-       headers = CASE WHEN t.id IN (SELECT id FROM deferred)
-                      THEN t.headers || jsonb_build_object(
-                               'rate_slot', (SELECT d.slot FROM deferred AS d WHERE d.id = t.id))
+       run_at = COALESCE((s.by_id ->> t.id)::timestamptz, t.run_at),
+       headers = CASE WHEN s.by_id ? t.id
+                      THEN t.headers || jsonb_build_object('rate_slot', s.by_id -> t.id)
                       ELSE t.headers END,
        updated_at = now()
+  FROM slots AS s
  -- The rows are found by one "id = ANY" lookup on the primary key, with no join to "due": in
  -- the generic plan a join guesses that the claim takes many rows and reads the whole table,
  -- or repeats the array lookup once a row (sorting the array each time). The sets of rows
  -- set aside are read hashed. Rows come back in no particular order: the caller sorts them.
- WHERE t.id = ANY(ARRAY(SELECT id FROM due))
+ WHERE t.id = ANY(ARRAY(SELECT id FROM picked UNION ALL SELECT id FROM deferred))
 RETURNING t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
           t.content_type, t.content_encoding, t.payload::text AS payload, t.payload_raw,
           t.headers, t.run_at, t.expires_at,

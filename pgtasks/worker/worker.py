@@ -122,6 +122,8 @@ class Worker:
         self._runtime_ewma: float | None = None
         # Registered tasks with a rate limit (see _rate_intervals), for a registry of that size.
         self._rates: tuple[int, dict[str, float]] | None = None
+        # How many due rows the next claim reads (0: as many as it claims); see _claim.
+        self._scan = 0
         self._buffer: deque[ex.Job] = deque()
         self.log = log.bind(worker_id=self.id)
         self._debug = log_enabled(self.log, logging.DEBUG)
@@ -303,8 +305,9 @@ class Worker:
         plan = floors.plan(self.queues)
         started = time.perf_counter()
         try:
+            rates = self._rate_intervals()
             rows = broker.claim_all(
-                self.id, self.queues, want, self.lease, conn, plan, self._rate_intervals()
+                self.id, self.queues, want, self.lease, conn, plan, rates, self._scan
             )
         except psycopg.OperationalError:
             if conn is None:
@@ -316,6 +319,12 @@ class Worker:
             raise
         elapsed = time.perf_counter() - started
         claimed = [row for row in rows if row.set_aside is None]
+        if rates and any(row.set_aside == Status.PENDING for row in rows):
+            # Rows waiting for a rate limit's start time: read further next time, so that a
+            # backlog of them leaves the due rows in a few claims.
+            self._scan = min(1000, max(self._scan, want) * 4)
+        else:
+            self._scan = 0
         if len(claimed) < len(rows) and self._debug:
             for row in rows:
                 if row.set_aside == Status.PENDING:

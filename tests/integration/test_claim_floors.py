@@ -205,7 +205,14 @@ def test_claims_from_floors_skip_the_entries_an_old_snapshot_keeps(
         while claim(app, floors, 200):
             pass
         enqueue(db, [0] * 5)
-        common = {"worker": WORKER, "limit": 5, "lease": 30.0, "rate_names": [], "rate_every": []}
+        common = {
+            "worker": WORKER,
+            "limit": 5,
+            "scan": 5,
+            "lease": 30.0,
+            "rate_names": [],
+            "rate_every": [],
+        }
         full = index_reads(db, schema, "claim_batch", {**common, "queues": ["celery"]})
         plan = floors.plan(["celery"])
         assert plan is not None

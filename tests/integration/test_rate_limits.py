@@ -189,3 +189,47 @@ def test_the_claim_gives_start_times_and_leaves_later_rows_waiting(
     advance_due(db)
     again = app.broker.claim_all("w1", ["celery"], 10, 30.0, rates={"rl.claimed": 60.0})
     assert sorted(r.id for r in again if r.set_aside is None) == sorted(ids[1:])
+
+
+def test_a_claim_reading_further_sets_a_rate_limited_backlog_aside_and_claims_its_share(
+    app: Celery, db: psycopg.Connection[Any]
+) -> None:
+    @app.task(name="rl.backlog")
+    def limited(n: int) -> int:
+        return n
+
+    @app.task(name="rl.plain")
+    def plain(n: int) -> int:
+        return n
+
+    backlog = [r.id for r in limited.apply_many([(n,) for n in range(30)])]
+    after = [r.id for r in plain.apply_many([(n,) for n in range(5)])]
+    rates = {"rl.backlog": 60.0}
+    got = app.broker.claim_all("w1", ["celery"], 2, 30.0, rates=rates, scan=100)
+    claimed = [r.id for r in got if r.set_aside is None]
+    # Two rows claimed: the first limited row (it takes the free start time) and the first
+    # plain one. The claim read on past them and set the 29 other limited rows aside at once.
+    assert claimed == [backlog[0], after[0]]
+    assert sorted(r.id for r in got if r.set_aside == "PENDING") == sorted(backlog[1:])
+    statuses = rows(db, "SELECT status FROM tasks WHERE id = ANY(%s)", (after[1:],))
+    assert [r["status"] for r in statuses] == ["PENDING"] * 4, "read, not claimed"
+    left = app.broker.claim_all("w1", ["celery"], 10, 30.0, rates=rates)
+    assert sorted(r.id for r in left) == sorted(after[1:])
+
+
+def test_a_start_time_given_is_never_left_unused(app: Celery, db: psycopg.Connection[Any]) -> None:
+    @app.task(name="rl.late")
+    def limited(n: int) -> int:
+        return n
+
+    @app.task(name="rl.early")
+    def plain(n: int) -> int:
+        return n
+
+    first = [r.id for r in plain.apply_many([(n,) for n in range(3)])]
+    late = limited.delay(0).id
+    got = app.broker.claim_all("w1", ["celery"], 1, 30.0, rates={"rl.late": 60.0}, scan=10)
+    # One row asked for, but the limited row read beyond it took its start time: it is
+    # claimed too, rather than given a time and left.
+    assert [r.id for r in got] == [first[0], late]
+    assert all(r.set_aside is None for r in got)
