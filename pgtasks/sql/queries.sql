@@ -985,7 +985,9 @@ WITH picked AS (
 ), done AS (
     UPDATE {schema}.tasks AS t
        SET status = 'PENDING', run_at = now(), retries = 0,
-           attempt = t.attempt + 1, requeued_attempt = t.attempt + 1,
+           -- Capped as the claim caps it: a row edited to the integer's top still requeues.
+           attempt = LEAST(t.attempt, 2147483646) + 1,
+           requeued_attempt = LEAST(t.attempt, 2147483646) + 1,
            headers = t.headers - 'rate_slot',
            -- A newer task may hold the key by now: the requeued one gives it up.
            unique_key = NULL,

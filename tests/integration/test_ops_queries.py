@@ -171,6 +171,16 @@ def test_requeue_is_fenced_on_dead(app: Celery, db: psycopg.Connection[Any]) -> 
         app.broker.requeue_dead()
 
 
+def test_a_dead_letter_at_the_attempts_top_is_requeued_with_the_others(
+    app: Celery, db: psycopg.Connection[Any]
+) -> None:
+    top = insert(db, "DEAD", attempt=2**31 - 1)
+    plain = insert(db, "DEAD", attempt=1)
+    assert app.broker.requeue_dead([top, plain]) == 2
+    after = [task_row(db, i) for i in (top, plain)]
+    assert [(r["status"], r["attempt"]) for r in after] == [("PENDING", 2**31 - 1), ("PENDING", 2)]
+
+
 def test_requeued_task_runs_and_keeps_its_history(
     app: Celery, db: psycopg.Connection[Any], noop: Any, worker_factory: WorkerFactory
 ) -> None:
