@@ -395,7 +395,14 @@ class Worker:
         if self._rates is None or self._rates[0] != len(tasks):
             rates: dict[str, float] = {}
             for name, task in list(tasks.items()):
-                every = self._rate_interval(task)
+                try:
+                    every = self._rate_interval(task)
+                except (TypeError, ValueError) as exc:
+                    # Checked when the task is defined; a value set on it since is not held.
+                    self.log.error(
+                        "worker.loop_error", during="rate limit", task_name=name, error=str(exc)
+                    )
+                    continue
                 if every is not None:
                     rates[name] = every
             self._rates = (len(tasks), rates)

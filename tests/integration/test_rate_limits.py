@@ -233,3 +233,28 @@ def test_a_start_time_given_is_never_left_unused(app: Celery, db: psycopg.Connec
     # claimed too, rather than given a time and left.
     assert [r.id for r in got] == [first[0], late]
     assert all(r.set_aside is None for r in got)
+
+
+def test_a_rate_limit_made_invalid_after_definition_does_not_stop_the_worker(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: WorkerFactory
+) -> None:
+    @app.task(name="rl.junk", rate_limit="1/h")
+    def junk(n: int) -> int:
+        return n
+
+    @app.task(name="rl.kept", rate_limit="1/h")
+    def kept(n: int) -> int:
+        return n
+
+    junk.rate_limit = "often"  # type: ignore[attr-defined]
+    with worker_factory(concurrency=2):
+        # The junk limit is not held (it is logged); the valid one still is.
+        assert [junk.delay(n).get(timeout=10) for n in range(3)] == [0, 1, 2]
+        held = [kept.delay(n) for n in range(2)]
+        assert held[0].get(timeout=10) == 0
+        wait_until(
+            lambda: rows(
+                db, "SELECT 1 FROM tasks WHERE id = %s AND headers ? 'rate_slot'", (held[1].id,)
+            ),
+            what="the second kept task to wait for its start time",
+        )
