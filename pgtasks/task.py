@@ -870,7 +870,12 @@ def run_coroutine(coro: Coroutine[Any, Any, _T]) -> _T:
 
 def _on_loop(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, _T]) -> _T:
     """Run ``coro`` on ``loop`` (another thread's) in a copy of this thread's context (so that
-    ``self.request`` reads this call's), and wait for it here."""
+    ``self.request`` reads this call's), and wait for it here.
+
+    A soft time limit raised into this thread is raised inside the coroutine, where it awaits,
+    as Celery raises it inside a task: the coroutine may catch it, clean up and return, and
+    this thread waits on for its outcome. Anything else (a cold stop) cancels the coroutine.
+    """
     context = contextvars.copy_context()
     outcome: concurrent.futures.Future[_T] = concurrent.futures.Future()
     started: list[asyncio.Task[_T]] = []
@@ -884,22 +889,66 @@ def _on_loop(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, _T]) -> 
             outcome.set_result(task.result())
 
     def start() -> None:
-        task = context.run(loop.create_task, coro)
+        task = context.run(loop.create_task, _driven(coro))
         started.append(task)
         task.add_done_callback(finish)
 
+    def soft_limit() -> None:
+        if started:
+            started[0].cancel(_SOFT_LIMIT)
+
     loop.call_soon_threadsafe(start)
-    try:
-        while True:
+    while True:
+        try:
             # In slices: an exception raised into this thread (a soft time limit) is only
             # delivered between them.
             with contextlib.suppress(concurrent.futures.TimeoutError):
                 return outcome.result(timeout=0.25)
-    except BaseException:
-        # Interrupted while waiting (a soft time limit, a cold stop): stop the coroutine too.
-        if started:
-            loop.call_soon_threadsafe(started[0].cancel)
-        raise
+        except exceptions.SoftTimeLimitExceeded:
+            if outcome.done():
+                raise  # the coroutine's own outcome
+            loop.call_soon_threadsafe(soft_limit)
+        except BaseException:
+            # Interrupted while waiting (a cold stop): stop the coroutine too.
+            if started:
+                loop.call_soon_threadsafe(started[0].cancel)
+            raise
+
+
+#: The message of the cancellation that stands for a soft time limit (see _driven).
+_SOFT_LIMIT = "pgtasks: soft time limit"
+
+
+async def _driven(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Await ``coro`` step by step, so that a cancellation carrying ``_SOFT_LIMIT`` is raised
+    inside it as ``SoftTimeLimitExceeded`` rather than ``CancelledError``."""
+    send: Any = None
+    throw: BaseException | None = None
+    while True:
+        try:
+            waiting = coro.send(send) if throw is None else coro.throw(throw)
+        except StopIteration as stop:
+            value: _T = stop.value
+            return value
+        send, throw = None, None
+        try:
+            if waiting is None:
+                await asyncio.sleep(0)  # a bare yield: let the loop run once
+            else:
+                # What the task does with a future a coroutine hands it: await it afresh.
+                waiting._asyncio_future_blocking = False
+                send = await waiting
+        except asyncio.CancelledError as exc:
+            if exc.args == (_SOFT_LIMIT,):
+                # Handled here: the task is no longer being cancelled (Python 3.11+ counts).
+                uncancel = getattr(asyncio.current_task(), "uncancel", None)
+                if uncancel is not None:
+                    uncancel()
+                throw = exceptions.SoftTimeLimitExceeded()
+            else:
+                throw = exc
+        except BaseException as exc:  # the awaited future's error, raised where it was awaited
+            throw = exc
 
 
 def _seconds(what: str, value: Any) -> float:

@@ -120,19 +120,30 @@ def test_a_soft_time_limit_stops_an_async_call_on_the_asyncio_pool(
 ) -> None:
     from pgtasks.exceptions import SoftTimeLimitExceeded
 
-    cancelled: list[bool] = []
+    seen: list[str] = []
 
     @app.task(name="aio.sleepy", soft_time_limit=0.3)
     async def sleepy() -> str:
         try:
             await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            cancelled.append(True)  # the coroutine is cancelled on the loop
+        except SoftTimeLimitExceeded:
+            seen.append("soft limit")  # raised where the coroutine awaits, as in Celery
             raise
+        return "woke"
+
+    @app.task(name="aio.tidy", soft_time_limit=0.3)
+    async def tidy() -> str:
+        try:
+            await asyncio.sleep(30)
+        except SoftTimeLimitExceeded:
+            await asyncio.sleep(0.05)  # it may still await while it cleans up
+            return "cleaned up"
         return "woke"
 
     with worker_factory(pool="asyncio", concurrency=2):
         result = sleepy.delay()
         with pytest.raises(SoftTimeLimitExceeded):
             result.get(timeout=15)
-    assert cancelled == [True]
+        # Caught, the limit lets the task finish: its value is the result.
+        assert tidy.delay().get(timeout=15) == "cleaned up"
+    assert seen == ["soft limit"]
