@@ -46,6 +46,7 @@ __all__ = [
     "TaskError",
     "TaskPredicate",
     "TaskRevokedError",
+    "Terminated",
     "TimeLimitExceeded",
     "TimeoutError",
     "WorkerLostError",
@@ -108,6 +109,10 @@ class MaxRetriesExceededError(TaskError):
 
 class SoftTimeLimitExceeded(PgTasksError):
     """Raised inside a task when its soft time limit passes."""
+
+
+class Terminated(PgTasksError):
+    """The task was stopped by ``revoke(terminate=True)`` (Celery's, from billiard)."""
 
 
 class TimeLimitExceeded(PgTasksError):

@@ -150,7 +150,7 @@ class Task(Generic[P, R]):
         try:
             value = self.fun(self, *args, **kwargs) if self.bind else self.fun(*args, **kwargs)
             if inspect.iscoroutine(value):
-                value = run_coroutine(value)
+                value = run_coroutine(value, self.request.id)
             return value
         except exceptions.Retry:
             raise
@@ -850,25 +850,45 @@ def use_event_loop(loop: asyncio.AbstractEventLoop | None) -> None:
     _shared_loop = loop
 
 
-def run_coroutine(coro: Coroutine[Any, Any, _T]) -> _T:
+def run_coroutine(coro: Coroutine[Any, Any, _T], task_id: str | None = None) -> _T:
     """Run an ``async def`` task's coroutine to its end and return its value: on the asyncio
-    pool's shared loop where there is one (this thread waits), else on a new event loop in this
-    thread, or, where this thread already runs one (an eager call from async code), on a new
-    loop in a thread of its own while this one waits."""
+    pool's shared loop where there is one (this thread waits; ``task_id`` names the call for
+    ``terminate_coroutine``), else on a new event loop in this thread, or, where this thread
+    already runs one (an eager call from async code), on a new loop in a thread of its own
+    while this one waits."""
     try:
         running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
     except RuntimeError:
         running = None
     shared = _shared_loop
     if shared is not None and shared is not running and shared.is_running():
-        return _on_loop(shared, coro)
+        return _on_loop(shared, coro, task_id)
     if running is None:
         return asyncio.run(coro)
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pgtasks-eager") as pool:
         return pool.submit(asyncio.run, coro).result()
 
 
-def _on_loop(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, _T]) -> _T:
+#: The calls running on the asyncio pool's loop, by task id: their loop and asyncio task.
+_on_the_loop: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = {}
+
+
+def terminate_coroutine(task_id: str) -> bool:
+    """Cancel the running coroutine of the call ``task_id`` on the asyncio pool's loop
+    (``revoke(terminate=True)``): ``CancelledError`` is raised where it awaits, and the call
+    fails with ``Terminated``. False when no such call runs there."""
+    found = _on_the_loop.get(task_id)
+    if found is None:
+        return False
+    loop, task = found
+    _terminated.add(task_id)
+    loop.call_soon_threadsafe(task.cancel)
+    return True
+
+
+def _on_loop(
+    loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, _T], task_id: str | None = None
+) -> _T:
     """Run ``coro`` on ``loop`` (another thread's) in a copy of this thread's context (so that
     ``self.request`` reads this call's), and wait for it here.
 
@@ -881,8 +901,18 @@ def _on_loop(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, _T]) -> 
     started: list[asyncio.Task[_T]] = []
 
     def finish(task: asyncio.Task[_T]) -> None:
+        terminated = False
+        if task_id is not None:
+            if _on_the_loop.get(task_id, (None, None))[1] is task:
+                del _on_the_loop[task_id]
+            terminated = task_id in _terminated
+            _terminated.discard(task_id)
         if task.cancelled():
-            outcome.set_exception(asyncio.CancelledError())
+            outcome.set_exception(
+                exceptions.Terminated("revoked, and its coroutine cancelled")
+                if terminated
+                else asyncio.CancelledError()
+            )
         elif (exc := task.exception()) is not None:
             outcome.set_exception(exc)
         else:
@@ -891,6 +921,9 @@ def _on_loop(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, _T]) -> 
     def start() -> None:
         task = context.run(loop.create_task, _driven(coro))
         started.append(task)
+        if task_id is not None:
+            _terminated.discard(task_id)
+            _on_the_loop[task_id] = (loop, task)
         task.add_done_callback(finish)
 
     def soft_limit() -> None:
@@ -917,6 +950,8 @@ def _on_loop(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, _T]) -> 
 
 #: The message of the cancellation that stands for a soft time limit (see _driven).
 _SOFT_LIMIT = "pgtasks: soft time limit"
+#: The calls cancelled by revoke(terminate=True), until they end.
+_terminated: set[str] = set()
 
 
 async def _driven(coro: Coroutine[Any, Any, _T]) -> _T:

@@ -217,6 +217,16 @@ class AsyncioPool(ThreadPool):
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
+    def terminate(self, task_id: str, signum: int) -> bool:
+        """A coroutine can be stopped safely: it is cancelled where it awaits (whatever the
+        signal). A plain function running in one of the threads cannot."""
+        from pgtasks import task
+
+        if not task.terminate_coroutine(task_id):
+            return False
+        log.warning("task.terminating", task_id=task_id, signal=signal.Signals(signum).name)
+        return True
+
     def stop(self, wait: bool) -> None:
         from pgtasks import task
 

@@ -831,8 +831,9 @@ class Worker:
                 "task.terminate_unsupported",
                 task_id=task_id,
                 pool=self.pool.name,
-                hint="only the prefork pool can stop a running task; here it runs to its end, "
-                "cannot record success, and sees request.cancelled",
+                hint="only the prefork pool (and the asyncio pool, for async def tasks) can "
+                "stop a running task; here it runs to its end, cannot record success, and sees "
+                "request.cancelled",
             )
 
     # -- stopping ------------------------------------------------------------------------------

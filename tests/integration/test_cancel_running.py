@@ -138,6 +138,40 @@ def test_terminate_on_a_thread_pool_flags_the_task_and_says_why_it_cannot_stop_i
     assert result.state == "REVOKED"
 
 
+def test_terminate_on_the_asyncio_pool_cancels_the_coroutine_and_the_worker_goes_on(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: Any
+) -> None:
+    import asyncio
+
+    seen: list[str] = []
+
+    @app.task(name="cancel.aio_loop")
+    async def aio_loop() -> str:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            seen.append("cancelled")  # where it awaits
+            raise
+        return "slept"
+
+    @app.task(name="cancel.aio_quick")
+    async def aio_quick(n: int) -> int:
+        return n
+
+    with worker_factory(pool="asyncio", concurrency=2, lease=LONG_LEASE):
+        result = aio_loop.delay()
+        wait_until(lambda: started(db, result.id), what="the task to start")
+        result.revoke(terminate=True)
+        wait_until(lambda: status(db, result.id) == "CANCELLED", timeout=15, what="the end")
+        assert aio_quick.delay(5).get(timeout=10) == 5
+    assert result.state == "REVOKED"
+    assert seen == ["cancelled"]
+    ((_, _, outcome),) = attempts(db, result.id)
+    assert outcome == "cancelled"
+    row = one(db, "SELECT error FROM attempts WHERE task_id = %s", (result.id,))
+    assert row["error"].endswith("Terminated: revoked, and its coroutine cancelled")
+
+
 def test_a_revoke_with_an_unknown_signal_is_refused(
     app: Celery, db: psycopg.Connection[Any]
 ) -> None:
