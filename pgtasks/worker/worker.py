@@ -319,18 +319,15 @@ class Worker:
             raise
         elapsed = time.perf_counter() - started
         claimed = [row for row in rows if row.set_aside is None]
-        if rates and any(row.set_aside == Status.PENDING for row in rows):
-            # Rows waiting for a rate limit's start time: read further next time, so that a
-            # backlog of them leaves the due rows in a few claims.
-            self._scan = min(1000, max(self._scan, want) * 4)
-        else:
-            self._scan = 0
-        if len(claimed) < len(rows) and self._debug:
-            for row in rows:
-                if row.set_aside == Status.PENDING:
-                    self.log.debug(
-                        "task.rate_limited", task_id=row.id, task_name=row.name, eta=row.run_at
-                    )
+        waiting = [row for row in rows if row.set_aside == Status.PENDING] if rates else []
+        # Rows waiting for a rate limit's start time: read further next time, so that a
+        # backlog of them leaves the due rows in a few claims.
+        self._scan = min(1000, max(self._scan, want) * 4) if waiting else 0
+        if self._debug:
+            for row in waiting:
+                self.log.debug(
+                    "task.rate_limited", task_id=row.id, task_name=row.name, eta=row.run_at
+                )
         was_active = floors.active
         floors.record(plan, claimed, elapsed, time.monotonic())
         if floors.active != was_active:
