@@ -15,7 +15,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg import sql
+from psycopg import errors, sql
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -111,7 +111,14 @@ class AsyncBroker:
         broker = self.broker
         with _storage_errors(msg.id):
             if msg.unique is None:
-                await self._all("insert_task", broker._params(msg), conn)
+                name = broker.insert_statement(msg, conn is not None)
+                try:
+                    await self._all(name, broker._params(msg), conn)
+                except errors.UndefinedTable:
+                    if name == "insert_task":
+                        raise
+                    broker.handoff_missing()
+                    await self._all("insert_task", broker._params(msg), conn)
                 return msg.id
             name, params, tries = broker.unique_plan(msg)
             for _ in range(tries):

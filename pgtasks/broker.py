@@ -9,7 +9,9 @@ own connection can be passed to the enqueue methods to enqueue inside the caller
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import math
 import os
 import threading
 import time
@@ -116,6 +118,69 @@ def cancel_channel(schema: str) -> str:
     return f"pgtasks_c_{schema}"[:63]
 
 
+def handoff_channel(schema: str, worker: str) -> str:
+    """The channel a parked worker is handed tasks on (see ``Broker.park``)."""
+    digest = hashlib.sha1(f"{schema}\x00{worker}".encode()).hexdigest()[:24]
+    return f"pgtasks_h_{digest}"
+
+
+def _moment(epoch: float | None) -> datetime | None:
+    """A timestamp sent as epoch seconds (PostgreSQL's 'infinity' as the latest datetime)."""
+    if epoch is None:
+        return None
+    if epoch == math.inf:
+        return _FOREVER
+    return datetime.fromtimestamp(epoch, tz=timezone.utc)
+
+
+def handed_off(payload: str) -> tuple[ClaimedTask | None, str, str | None]:
+    """A hand-off notification (see ``insert_task``): the row, its id, and the worker it was
+    handed to; the row is None where the notification carried its id alone."""
+    fields = json.loads(payload)
+    if len(fields) == 1:
+        return None, str(fields[0]), None
+    (
+        task_id,
+        name,
+        queue,
+        priority,
+        attempt,
+        retries,
+        max_retries,
+        content_type,
+        content_encoding,
+        text,
+        raw,
+        headers,
+        run_at,
+        expires_at,
+        expired,
+        created_at,
+        requeued_attempt,
+        owner,
+    ) = fields
+    row = ClaimedTask(
+        id=task_id,
+        name=name,
+        queue=queue,
+        priority=priority,
+        attempt=attempt,
+        retries=retries,
+        max_retries=max_retries,
+        content_type=content_type,
+        content_encoding=content_encoding,
+        payload=text,
+        payload_raw=base64.b64decode(raw) if raw is not None else None,
+        headers=headers,
+        run_at=_moment(run_at) or _NEVER_BEFORE,
+        expires_at=_moment(expires_at),
+        expired=bool(expired),
+        created_at=_moment(created_at) or _NEVER_BEFORE,
+        requeued_attempt=requeued_attempt,
+    )
+    return row, row.id, owner
+
+
 def _text(value: str | None) -> str | None:
     """Error text as a text column accepts it: PostgreSQL refuses NUL characters, and an
     exception message may carry one (a failed write there would stop the worker's completer)."""
@@ -215,6 +280,8 @@ class Broker:
         # Whether COPY may load tasks: not where row-level security applies to this role
         # (`pgtasks grants`), which PostgreSQL refuses COPY FROM for. None: not known yet.
         self._copy_ok: bool | None = None
+        # Until when single enqueues do not offer hand-offs (see insert_statement).
+        self._handoff_again = 0.0
         self.prepare_threshold: int | None = 5 if prepared_statements else None
         self.min_size = min_size
         self.max_size = max_size
@@ -306,11 +373,11 @@ class Broker:
             **self._conn_kwargs("synchronous_commit=off", "plan_cache_mode=force_generic_plan"),
         )
 
-    def listen_connection(self) -> psycopg.Connection[Any]:
-        """A connection listening on the wake-up channel."""
+    def listen_connection(self, *channels: str) -> psycopg.Connection[Any]:
+        """A connection listening on the wake-up and cancel channels, and on ``channels``."""
         conn = self.connect()
-        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel(self.schema))))
-        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(cancel_channel(self.schema))))
+        for channel in (notify_channel(self.schema), cancel_channel(self.schema), *channels):
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
         return conn
 
     def close(self) -> None:
@@ -411,6 +478,20 @@ class Broker:
             "max_retries": msg.max_retries,
         }
 
+    def insert_statement(self, msg: TaskMessage, in_transaction: bool) -> str:
+        """The statement for a single enqueue of ``msg`` (not unique): one that may hand it to
+        a parked worker, except inside a caller's transaction (whose commit may come long
+        after the lease starts), where a concurrency limit must count it first, and on a
+        schema without hand-offs (one migrated by an older pgtasks, asked again now and
+        then)."""
+        if in_transaction or KEY in msg.headers or time.monotonic() < self._handoff_again:
+            return "insert_task"
+        return "insert_task_handoff"
+
+    def handoff_missing(self) -> None:
+        """The schema has no hand-off table yet: enqueue without for a while."""
+        self._handoff_again = time.monotonic() + 60.0
+
     def enqueue(self, msg: TaskMessage, conn: psycopg.Connection[Any] | None = None) -> str:
         """Insert one task row (committed on return unless ``conn`` is in a transaction).
 
@@ -419,7 +500,14 @@ class Broker:
         """
         with _storage_errors(msg.id):
             if msg.unique is None:
-                self._all("insert_task", self._params(msg), conn)
+                name = self.insert_statement(msg, conn is not None)
+                try:
+                    self._all(name, self._params(msg), conn)
+                except errors.UndefinedTable:
+                    if name == "insert_task":
+                        raise
+                    self.handoff_missing()
+                    self._all("insert_task", self._params(msg), conn)
                 return msg.id
             return self._enqueue_unique(msg, conn)
 
@@ -851,6 +939,48 @@ class Broker:
 
     def unregister_worker(self, worker: str) -> None:
         self._all("unregister_worker", {"id": worker})
+
+    # -- direct hand-off ---------------------------------------------------------------------
+
+    def park(
+        self,
+        worker: str,
+        queues: Sequence[str],
+        lease: float,
+        seconds: float,
+        skip_names: Sequence[str] = (),
+    ) -> None:
+        """Let single enqueues to ``queues`` hand ``worker`` a task directly for the next
+        ``seconds`` (database clock), the row written RUNNING under ``lease`` and sent on
+        ``handoff_channel`` (which the worker must be listening on); ``skip_names`` are
+        claimed the usual way only."""
+        params = {
+            "worker": worker,
+            "channel": handoff_channel(self.schema, worker),
+            "queues": list(queues),
+            "skip_names": list(skip_names),
+            "lease": lease,
+            "seconds": seconds,
+        }
+        self._all("park_worker", params)
+
+    def unpark(self, worker: str) -> None:
+        """No more hand-offs to ``worker``: once this returns, any task handed to it before
+        is committed (and readable by ``adopt``)."""
+        self._all("unpark_worker", {"worker": worker})
+
+    def adopt(self, worker: str, known: Iterable[str] = ()) -> list[ClaimedTask]:
+        """``worker``'s RUNNING rows other than ``known``: tasks handed to it whose
+        notification it missed."""
+        params = {"worker": worker, "known": list(known)}
+        rows: list[Any] = self._all("adopt", params, row_factory=args_row(ClaimedTask))
+        return rows
+
+    def adopt_handed(self, worker: str, ids: Sequence[str]) -> list[ClaimedTask]:
+        """The rows ``ids`` handed to ``worker`` (by notifications that carried ids only)."""
+        params = {"worker": worker, "ids": list(ids)}
+        rows: list[Any] = self._all("adopt_handed", params, row_factory=args_row(ClaimedTask))
+        return rows
 
     # -- results and control -----------------------------------------------------------------
 
@@ -1443,7 +1573,13 @@ class StoredResult:
     traceback: str | None = None
 
 
-_INSERTS = ("insert_task", "insert_tasks", "insert_task_unique", "insert_task_unique_window")
+_INSERTS = (
+    "insert_task",
+    "insert_task_handoff",
+    "insert_tasks",
+    "insert_task_unique",
+    "insert_task_unique_window",
+)
 
 
 @dataclass

@@ -92,6 +92,11 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(default=30.0, gt=0.5)
     poll_interval: float = Field(default=0.5, gt=0)
     listen_notify: bool = Field(default=True, description="False: poll only (PgBouncer).")
+    handoff: bool = Field(
+        default=True,
+        description="Idle workers take tasks straight from .delay() with no claim (needs "
+        "listen_notify).",
+    )
     prepared_statements: bool = Field(default=True, description="False for PgBouncer.")
     max_lost_attempts: int = Field(
         default=3, ge=1, description="Workers a task may lose before it is dead-lettered."

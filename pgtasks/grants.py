@@ -42,6 +42,7 @@ TABLES = (
     "unique_keys",
     "effects",
     "concurrency_limits",
+    "parked_workers",
     "migrations",
 )
 #: Every function of the schema, with its argument types.
@@ -61,6 +62,8 @@ PRODUCER_TABLES = {
     "quotas": ("SELECT",),
     # A unique task's key held for a window is taken (or found held) by an upsert.
     "unique_keys": ("SELECT", "INSERT", "UPDATE"),
+    # A single enqueue takes a parked worker's row (locked first, hence UPDATE of a column).
+    "parked_workers": ("SELECT", "DELETE", "UPDATE (until)"),
     "migrations": ("SELECT",),
 }
 WORKER_RIGHTS = ("SELECT", "INSERT", "UPDATE", "DELETE")

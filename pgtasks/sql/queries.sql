@@ -14,6 +14,56 @@ VALUES
      %(content_type)s, %(content_encoding)s, %(payload)s::json, %(payload_raw)s::bytea,
      %(headers)s::jsonb, %(max_retries)s)
 
+-- name: insert_task_handoff
+-- insert_task outside a caller's transaction: a task that can start now (due, not expired,
+-- not rate-limited there) goes straight to a parked worker of its queue (see parked_workers): the row is written RUNNING
+-- for that worker, attempt 1 under its lease, and the worker is sent the row by NOTIFY, in
+-- pgtasks.message.ClaimedTask's field order (timestamps as epoch seconds, payload_raw in
+-- base64) followed by the owner; or as its id alone where that would not fit a notification.
+-- No worker parked: the row is written PENDING, as ever.
+WITH v AS (
+    SELECT COALESCE(%(eta)s::timestamptz,
+                    now() + make_interval(secs => COALESCE(%(countdown)s::float8, 0))) AS run_at,
+           COALESCE(%(expires_at)s::timestamptz,
+                    now() + make_interval(secs => %(expires_in)s::float8)) AS expires_at
+), slot AS (
+    DELETE FROM {schema}.parked_workers AS w
+     WHERE w.worker = (SELECT p.worker
+                         FROM {schema}.parked_workers AS p, v
+                        WHERE %(queue)s = ANY(p.queues) AND %(name)s <> ALL(p.skip_names)
+                          AND p.until > now() AND v.run_at <= now()
+                          AND (v.expires_at IS NULL OR v.expires_at > now())
+                        LIMIT 1
+                          FOR UPDATE OF p SKIP LOCKED)
+    RETURNING w.worker, w.channel, w.lease
+), task AS (
+    INSERT INTO {schema}.tasks
+        (id, name, queue, priority, run_at, expires_at, content_type, content_encoding,
+         payload, payload_raw, headers, max_retries, status, attempt, claimed_by, lease_until)
+    SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, v.run_at, v.expires_at,
+           %(content_type)s, %(content_encoding)s, %(payload)s::json, %(payload_raw)s::bytea,
+           %(headers)s::jsonb, %(max_retries)s,
+           CASE WHEN s.worker IS NULL THEN 'PENDING' ELSE 'RUNNING' END,
+           CASE WHEN s.worker IS NULL THEN 0 ELSE 1 END,
+           s.worker, now() + make_interval(secs => s.lease)
+      FROM v LEFT JOIN slot AS s ON true
+    RETURNING id, name, queue, priority, attempt, retries, max_retries, content_type,
+              content_encoding, payload, payload_raw, headers, run_at, expires_at, created_at,
+              requeued_attempt, claimed_by
+)
+SELECT pg_notify(s.channel, CASE WHEN octet_length(m.body) < 7900 THEN m.body
+                                 ELSE json_build_array(t.id)::text END)
+  FROM task AS t
+  JOIN slot AS s ON s.worker = t.claimed_by
+ CROSS JOIN LATERAL (
+        SELECT json_build_array(
+                   t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
+                   t.content_type, t.content_encoding, t.payload::text,
+                   encode(t.payload_raw, 'base64'), t.headers, extract(epoch FROM t.run_at),
+                   extract(epoch FROM t.expires_at), false, extract(epoch FROM t.created_at),
+                   t.requeued_attempt, t.claimed_by)::text AS body
+       ) AS m
+
 -- name: record_effect
 -- Record that the task did the named effect, in the caller's transaction (or at once outside
 -- one); a row back means this is the first time. A concurrent run recording the same effect
@@ -595,6 +645,43 @@ VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s)
 ON CONFLICT (id) DO UPDATE
    SET host = EXCLUDED.host, pid = EXCLUDED.pid, queues = EXCLUDED.queues,
        concurrency = EXCLUDED.concurrency, heartbeat_at = now()
+
+-- name: park_worker
+-- An idle worker waits here for a task handed to it by an enqueue (see insert_task), until
+-- %(seconds)s from now by the database clock; parking again moves that on.
+INSERT INTO {schema}.parked_workers AS w (worker, channel, queues, skip_names, lease, until)
+VALUES (%(worker)s, %(channel)s, %(queues)s, %(skip_names)s, %(lease)s,
+        now() + make_interval(secs => %(seconds)s::float8))
+ON CONFLICT (worker) DO UPDATE
+   SET channel = EXCLUDED.channel, queues = EXCLUDED.queues, skip_names = EXCLUDED.skip_names,
+       lease = EXCLUDED.lease, until = EXCLUDED.until
+
+-- name: unpark_worker
+-- The worker is busy (or stopping): no more hand-offs. A producer handing it a task right now
+-- holds the row's lock until its statement ends, and the delete waits for it.
+DELETE FROM {schema}.parked_workers WHERE worker = %(worker)s
+
+-- name: adopt
+-- This worker's RUNNING rows that it does not know it holds (handed off to it while it did not
+-- listen), as a claim returns them. Rare: after the worker's listening connection came back,
+-- and as it stops.
+SELECT t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
+       t.content_type, t.content_encoding, t.payload::text AS payload, t.payload_raw,
+       t.headers, t.run_at, t.expires_at,
+       (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
+       t.created_at, t.requeued_attempt, NULL::text AS set_aside
+  FROM {schema}.tasks AS t
+ WHERE t.status = 'RUNNING' AND t.claimed_by = %(worker)s AND t.id <> ALL(%(known)s::text[])
+
+-- name: adopt_handed
+-- Rows handed off to this worker whose notification carried their ids only (too large).
+SELECT t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
+       t.content_type, t.content_encoding, t.payload::text AS payload, t.payload_raw,
+       t.headers, t.run_at, t.expires_at,
+       (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
+       t.created_at, t.requeued_attempt, NULL::text AS set_aside
+  FROM {schema}.tasks AS t
+ WHERE t.id = ANY(%(ids)s::text[]) AND t.status = 'RUNNING' AND t.claimed_by = %(worker)s
 
 -- name: heartbeat_worker
 -- Mark a worker alive.

@@ -21,7 +21,7 @@ import structlog
 
 from pgtasks import migrate as migrations
 from pgtasks import ratelimits, signals, utils
-from pgtasks.broker import Failure, Release, RetryAt, Success
+from pgtasks.broker import Failure, Release, RetryAt, Success, handed_off, handoff_channel
 from pgtasks.canvas import chord_body_builder, chord_member, register_builtins
 from pgtasks.exceptions import NotRegistered
 from pgtasks.maintenance import Maintenance, Pruner, Reclaimer
@@ -62,6 +62,9 @@ class InFlight:
 
 class Worker:
     """One ``pgtasks worker`` process."""
+
+    #: How long a park lasts (database clock); an idle worker parks again after a third of it.
+    PARK_SECONDS = 5.0
 
     def __init__(
         self,
@@ -135,6 +138,15 @@ class Worker:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._cold = threading.Event()
+        # Direct hand-off (see Broker.park): whether the listener listens (hand-offs reach us
+        # only then), whether this worker is parked and since when, and how many tasks were
+        # handed to it (a park that raced a hand-off is not counted as parked).
+        self.handoff = self.listen and s.handoff and not burst
+        self._listening = False
+        self._heard_before = False
+        self._parked = False
+        self._parked_at = 0.0
+        self._handoffs = 0
         self.ready = threading.Event()
         self.processed = 0
 
@@ -180,7 +192,13 @@ class Worker:
             threads.append(BeatService(Scheduler(app)))
         if self.listen:
             self.listener = Listener(
-                broker, set(self.queues), self._wake, on_cancel=self._notified_cancel
+                broker,
+                set(self.queues),
+                self._wake,
+                on_cancel=self._notified_cancel,
+                handoffs=handoff_channel(broker.schema, self.id) if self.handoff else None,
+                on_handoff=self._handed,
+                on_listening=self._on_listening,
             )
             threads.append(self.listener)
         for thread in threads:
@@ -283,6 +301,9 @@ class Worker:
                 if job is not None:
                     self._buffer.append(job)
             self._start_buffered()
+            if claimed and self._parked:
+                # Busy again: a task handed here now would wait behind these.
+                self._unpark()
             if taken >= want:
                 # Full (rows blocked by a concurrency limit included): more may be due.
                 continue
@@ -290,6 +311,8 @@ class Worker:
                 self.log.info("worker.idle", reason="burst mode: no task left in its queues")
                 self._stopping.set()
                 break
+            if not taken:
+                self._park()
             self._wake.wait(self.poll_interval)
 
     def _claim(self, want: int) -> tuple[list[ClaimedTask], int]:
@@ -344,6 +367,106 @@ class Worker:
             else:
                 self.log.info("worker.claim_floors", state="off", claim_ms=claim_ms)
         return claimed, len(rows)
+
+    # -- direct hand-off -----------------------------------------------------------------------
+
+    def _park(self) -> None:
+        """Nothing is due and a slot is free: let the next single enqueue of a task that can
+        start now hand it straight to this worker (see Broker.park), renewed while idle."""
+        if not self.handoff or not self._listening or self._stopping.is_set():
+            return
+        if self.pool.free_slots() <= 0:
+            return
+        now = time.monotonic()
+        if self._parked and now - self._parked_at < self.PARK_SECONDS / 3:
+            return
+        handoffs = self._handoffs
+        try:
+            self.app.broker.park(
+                self.id, self.queues, self.lease, self.PARK_SECONDS, list(self._rate_intervals())
+            )
+        except psycopg.Error as exc:
+            self._parked = False
+            self.log.warning("worker.db_unavailable", during="park", error=str(exc).strip())
+            return
+        # A task handed here while the statement ran has used this park up already.
+        self._parked = handoffs == self._handoffs
+        self._parked_at = now
+
+    def _unpark(self) -> bool:
+        """No more hand-offs here; False when the database could not be told."""
+        self._parked = False
+        try:
+            self.app.broker.unpark(self.id)
+        except psycopg.Error as exc:
+            # The park runs out by itself; a task handed here meanwhile still runs here.
+            self.log.warning("worker.db_unavailable", during="unpark", error=str(exc).strip())
+            return False
+        return True
+
+    def _handed(self, payload: str) -> None:
+        """A task handed to this worker by an enqueue (on the listener's thread): start it."""
+        self._handoffs += 1
+        self._parked = False
+        try:
+            row, task_id, owner = handed_off(payload)
+            if row is None:
+                rows = self.app.broker.adopt_handed(self.id, [task_id])
+            elif owner != self.id:
+                self.log.warning("worker.handoff_ignored", task_id=task_id, owner=owner)
+                rows = []
+            else:
+                rows = [row]
+            self._take(rows)
+        except Exception as exc:
+            # The row stays RUNNING under this worker's lease until it runs out, then runs
+            # again elsewhere: late, never lost.
+            self.log.error("worker.loop_error", during="hand-off", error=str(exc))
+            self.metrics.loop_error("hand-off")
+        self._wake.set()
+
+    def _take(self, rows: list[ClaimedTask]) -> None:
+        """Start rows this worker was handed (or found it holds), each once."""
+        with self._lock:
+            rows = [row for row in rows if self._claim_of(row.id, row.attempt) is None]
+        jobs: list[ex.Job] = []
+        for row in self._well_formed(rows):
+            if self._debug:
+                self.log.debug("task.handed_off", task_id=row.id, task_name=row.name)
+            job = self._accept(row)
+            if job is not None:
+                jobs.append(job)
+        if jobs:
+            self.pool.submit_many(jobs, self._done)
+
+    def _on_listening(self, listening: bool) -> None:
+        """The listener (re)connected, or lost its connection: tasks handed here while it
+        did not listen were never heard of, so they are looked up now, and no park is made
+        while it cannot hear."""
+        self._listening = listening
+        if not self.handoff:
+            return
+        if not listening:
+            if self._parked:
+                self._unpark()
+            return
+        if not self._heard_before:
+            self._heard_before = True
+            return
+        self._adopt()
+
+    def _adopt(self) -> None:
+        """Start (or, stopping, hand back) the RUNNING rows this worker holds unknowingly."""
+        with self._lock:
+            known = list(self._inflight)
+        try:
+            rows = self.app.broker.adopt(self.id, known)
+        except psycopg.Error as exc:
+            self.log.warning("worker.db_unavailable", during="adopt", error=str(exc).strip())
+            return
+        if rows:
+            self.log.info("worker.adopted", tasks=[row.id for row in rows])
+            self._take(rows)
 
     def _probe_floors(self) -> None:
         """While claims start from floors, look for due rows behind them now and then (see
@@ -863,6 +986,10 @@ class Worker:
         signal.signal(signal.SIGINT, handler)
 
     def _shutdown(self, threads: list[Any]) -> None:
+        if self._parked_at and self._unpark():
+            # No more hand-offs; one made before the unpark is committed once it returns, and
+            # handed back here (or by the listener, if it hears of it first).
+            self._adopt()
         for job in [*self.pool.take_waiting(), *self._buffer]:
             self._settle(Release(job.id, job.attempt, 0.0, None))
         self._buffer.clear()

@@ -1,0 +1,222 @@
+"""Direct hand-off against a real PostgreSQL: an idle worker parks, a single enqueue of a task
+that can start now writes it RUNNING for that worker and sends it the row by NOTIFY, and every
+way of missing that notification (a worker that died parked, a listening connection that broke,
+a stop) still runs the task once."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgtasks import Celery
+from pgtasks.broker import handed_off, handoff_channel
+from pgtasks.worker import Worker
+from tests.apps.harness import attempts, one, rows, status, task_row, wait_until
+
+
+@pytest.fixture
+def listening(pg_dsn: str, app: Celery) -> Iterator[psycopg.Connection[Any]]:
+    """A connection listening on the hand-off channel of a worker called "ghost"."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        channel = handoff_channel(app.broker.schema, "ghost")
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        yield conn
+
+
+def park_ghost(app: Celery, seconds: float = 60.0, **options: Any) -> None:
+    options.setdefault("queues", ["celery"])
+    options.setdefault("lease", 30.0)
+    app.broker.park("ghost", seconds=seconds, **options)
+
+
+def notes(conn: psycopg.Connection[Any]) -> list[str]:
+    return [n.payload for n in conn.notifies(timeout=0.5, stop_after=1)]
+
+
+def parked(db: psycopg.Connection[Any], worker: str) -> bool:
+    return bool(rows(db, "SELECT 1 FROM parked_workers WHERE worker = %s", (worker,)))
+
+
+def test_an_enqueue_hands_a_parked_worker_its_claimed_row(
+    app: Celery, db: psycopg.Connection[Any], listening: psycopg.Connection[Any]
+) -> None:
+    @app.task(name="handoff.add")
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    park_ghost(app, lease=7.0)
+    sent = add.apply_async((2, 3), priority=4, expires=600)
+    row = task_row(db, sent.id)
+    assert (row["status"], row["claimed_by"], row["attempt"]) == ("RUNNING", "ghost", 1)
+    lease = one(db, "SELECT lease_until - now() AS left FROM tasks WHERE id = %s", (sent.id,))
+    assert 6.0 < lease["left"].total_seconds() <= 7.0
+    # The park is used up: the next task waits for a claim.
+    assert not parked(db, "ghost")
+    second = add.delay(1, 1)
+    assert status(db, second.id) == "PENDING"
+
+    (payload,) = notes(listening)
+    handed, task_id, owner = handed_off(payload)
+    assert (task_id, owner) == (sent.id, "ghost")
+    # Exactly the row a claim (or an adoption) of it reads back.
+    (adopted,) = app.broker.adopt("ghost")
+    assert handed == adopted
+
+
+def test_a_row_too_large_for_a_notification_is_sent_by_id(
+    app: Celery, db: psycopg.Connection[Any], listening: psycopg.Connection[Any]
+) -> None:
+    park_ghost(app)
+    sent = app.send_task("handoff.big", args=["x" * 10_000])
+    (payload,) = notes(listening)
+    assert handed_off(payload) == (None, sent.id, None)
+    (row,) = app.broker.adopt_handed("ghost", [sent.id])
+    assert row.id == sent.id and row.attempt == 1 and "x" * 10_000 in (row.payload or "")
+
+
+@pytest.mark.parametrize(
+    ("case", "park", "send"),
+    [
+        ("eta in the future", {}, {"countdown": 60}),
+        ("expired", {}, {"expires": -1}),
+        ("another queue", {}, {"queue": "other"}),
+        ("rate-limited there", {"skip_names": ["handoff.any"]}, {}),
+        ("concurrency limit", {}, {"headers": {"concurrency_key": "k", "concurrency_limit": 1}}),
+        ("park ran out", {"seconds": -1.0}, {}),
+    ],
+)
+def test_tasks_that_cannot_start_now_are_never_handed_off(
+    app: Celery,
+    db: psycopg.Connection[Any],
+    listening: psycopg.Connection[Any],
+    case: str,
+    park: dict[str, Any],
+    send: dict[str, Any],
+) -> None:
+    park_ghost(app, **park)
+    sent = app.send_task("handoff.any", **send)
+    assert status(db, sent.id) in ("PENDING", "BLOCKED"), case
+    assert notes(listening) == [], case
+
+
+def test_no_hand_off_inside_a_transaction_or_in_bulk(
+    app: Celery, db: psycopg.Connection[Any], listening: psycopg.Connection[Any]
+) -> None:
+    @app.task(name="handoff.any")
+    def anything() -> None:
+        pass
+
+    park_ghost(app)
+    with app.broker.connection() as conn, conn.transaction():
+        inside = anything.apply_async(connection=conn)
+    bulk = anything.apply_many([((), {}), ((), {})])
+    for task_id in [inside.id, *(r.id for r in bulk)]:
+        assert status(db, task_id) == "PENDING"
+    assert parked(db, "ghost")
+
+
+def test_an_idle_worker_runs_a_delay_without_claiming_it(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: Any
+) -> None:
+    @app.task(name="handoff.echo")
+    def echo(value: Any) -> Any:
+        return value
+
+    with worker_factory(concurrency=1) as worker:
+        claimed: list[str] = []
+        claim_all = app.broker.claim_all
+
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            found = claim_all(*args, **kwargs)
+            claimed.extend(row.id for row in found)
+            return found
+
+        app.broker.claim_all = spy  # type: ignore[method-assign]
+        wait_until(lambda: parked(db, worker.id), what="the worker to park")
+        small = echo.delay({"n": 1})
+        assert small.get(timeout=10) == {"n": 1}
+        wait_until(lambda: parked(db, worker.id), what="the worker to park again")
+        big = echo.delay("y" * 20_000)
+        assert big.get(timeout=10) == "y" * 20_000
+    assert small.id not in claimed and big.id not in claimed
+    for sent in (small, big):
+        assert [(a, o) for a, _, o in attempts(db, sent.id)] == [(1, "completed")]
+    # Stopped: no longer parked.
+    assert not parked(db, worker.id)
+
+
+def test_a_task_handed_to_a_dead_worker_runs_after_its_lease(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: Any
+) -> None:
+    @app.task(name="handoff.once")
+    def once() -> str:
+        return "ran"
+
+    # A worker that parked and was killed: the enqueue hands it the task, nobody hears.
+    park_ghost(app, lease=1.0)
+    sent = once.delay()
+    assert task_row(db, sent.id)["claimed_by"] == "ghost"
+    with worker_factory():
+        assert sent.get(timeout=20) == "ran"
+    assert [(a, o) for a, _, o in attempts(db, sent.id)] == [(1, "lost"), (2, "completed")]
+
+
+def test_a_worker_whose_listener_broke_finds_what_was_handed_to_it(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: Any
+) -> None:
+    ran = threading.Event()
+
+    @app.task(name="handoff.missed")
+    def missed() -> str:
+        ran.set()
+        return "found"
+
+    with worker_factory(concurrency=1) as worker:
+        wait_until(lambda: parked(db, worker.id), what="the worker to park")
+        # A task handed to the worker whose notification never came (the row is written
+        # here by hand, as the hand-off would have written it).
+        sent = missed.apply_async(countdown=3600)
+        db.execute(
+            "UPDATE tasks SET status = 'RUNNING', claimed_by = %s, attempt = 1, run_at = now(),"
+            " lease_until = now() + interval '1 minute' WHERE id = %s",
+            (worker.id, sent.id),
+        )
+        # Then the listening connection breaks: once back, the worker looks for such rows.
+        channel = handoff_channel(app.broker.schema, worker.id)
+        listener = one(
+            db,
+            "SELECT pid FROM pg_stat_activity WHERE query = %s",
+            (f'LISTEN "{channel}"',),
+        )
+        db.execute("SELECT pg_terminate_backend(%s)", (listener["pid"],))
+        assert sent.get(timeout=10) == "found"
+    assert ran.is_set()
+    assert [(a, o) for a, _, o in attempts(db, sent.id)] == [(1, "completed")]
+
+
+def test_a_stopping_worker_hands_back_what_it_was_handed(
+    app: Celery, db: psycopg.Connection[Any]
+) -> None:
+    @app.task(name="handoff.late")
+    def late() -> None:
+        raise AssertionError("a stopping worker runs nothing new")
+
+    worker = Worker(app, pool="threads", concurrency=1)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    assert worker.ready.wait(30)
+    wait_until(lambda: parked(db, worker.id), what="the worker to park")
+    # A hand-off whose notification has not been heard when the stop begins.
+    worker.listener.on_handoff = None
+    sent = late.delay()
+    assert task_row(db, sent.id)["claimed_by"] == worker.id
+    worker.stop()
+    thread.join(30)
+    row = task_row(db, sent.id)
+    assert (row["status"], row["claimed_by"]) == ("PENDING", None)
+    assert not parked(db, worker.id)
