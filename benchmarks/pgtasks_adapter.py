@@ -40,6 +40,11 @@ class PgTasksAdapter(Adapter):
         "1proc-c2-threads": {"procs": [["-c", "2", "-P", "threads"]]},
         "2proc-c1-prefork": {"procs": [["-c", "1", "-P", "prefork"]] * 2},
         "1proc-c2-prefork": {"procs": [["-c", "2", "-P", "prefork"]]},
+        # Workers that never park: every task is claimed (for A/B runs of the hand-off).
+        "2proc-c1-threads-claims": {
+            "procs": [["-c", "1", "-P", "threads"]] * 2,
+            "env": {"PGTASKS_HANDOFF": "false"},
+        },
     }
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -139,7 +144,9 @@ class PgTasksAdapter(Adapter):
     # -- workers --------------------------------------------------------------------------------
 
     def worker_commands(self, config: str, logdir: str) -> list[list[str]]:
-        return [[self.python, *BASE, *extra] for extra in self.configs[config]["procs"]]
+        settings = [f"{k}={v}" for k, v in self.configs[config].get("env", {}).items()]
+        prefix = ["env", *settings] if settings else []
+        return [[*prefix, self.python, *BASE, *extra] for extra in self.configs[config]["procs"]]
 
     def system_done_count(self) -> int | None:
         import psycopg
