@@ -114,11 +114,11 @@ class AsyncBroker:
                 name = broker.insert_statement(msg, conn is not None)
                 try:
                     await self._all(name, broker._params(msg), conn)
-                except errors.UndefinedTable:
+                except (errors.UndefinedTable, errors.InsufficientPrivilege):
                     if name == "insert_task":
                         raise
-                    broker.handoff_missing()
                     await self._all("insert_task", broker._params(msg), conn)
+                    broker.handoff_missing()
                 return msg.id
             name, params, tries = broker.unique_plan(msg)
             for _ in range(tries):

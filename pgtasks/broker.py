@@ -489,7 +489,9 @@ class Broker:
         return "insert_task_handoff"
 
     def handoff_missing(self) -> None:
-        """The schema has no hand-off table yet: enqueue without for a while."""
+        """The hand-off failed where the plain insert did not (a schema migrated by an older
+        pgtasks, or a producer role granted its rights before the schema had the hand-off's
+        table): enqueue without it for a while."""
         self._handoff_again = time.monotonic() + 60.0
 
     def enqueue(self, msg: TaskMessage, conn: psycopg.Connection[Any] | None = None) -> str:
@@ -503,11 +505,11 @@ class Broker:
                 name = self.insert_statement(msg, conn is not None)
                 try:
                     self._all(name, self._params(msg), conn)
-                except errors.UndefinedTable:
+                except _NO_HANDOFF:
                     if name == "insert_task":
                         raise
-                    self.handoff_missing()
                     self._all("insert_task", self._params(msg), conn)
+                    self.handoff_missing()
                 return msg.id
             return self._enqueue_unique(msg, conn)
 
@@ -1573,6 +1575,8 @@ class StoredResult:
     traceback: str | None = None
 
 
+#: What the hand-off insert can meet where the plain one would not fail.
+_NO_HANDOFF = (errors.UndefinedTable, errors.InsufficientPrivilege)
 _INSERTS = (
     "insert_task",
     "insert_task_handoff",

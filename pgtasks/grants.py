@@ -51,6 +51,11 @@ FUNCTIONS = (
     ("notify_result", ""),
     ("enforce_quotas", ""),
     ("concurrency_key", "jsonb"),
+    (
+        "hand_off",
+        "text, text, text, integer, integer, text, text, text, bytea, jsonb, timestamptz,"
+        " timestamptz",
+    ),
 )
 #: Tables a producer writes, and how.
 PRODUCER_TABLES = {

@@ -16,53 +16,36 @@ VALUES
 
 -- name: insert_task_handoff
 -- insert_task outside a caller's transaction: a task that can start now (due, not expired,
--- not rate-limited there) goes straight to a parked worker of its queue (see parked_workers): the row is written RUNNING
--- for that worker, attempt 1 under its lease, and the worker is sent the row by NOTIFY, in
--- pgtasks.message.ClaimedTask's field order (timestamps as epoch seconds, payload_raw in
--- base64) followed by the owner; or as its id alone where that would not fit a notification.
--- No worker parked: the row is written PENDING, as ever.
-WITH v AS (
-    SELECT COALESCE(%(eta)s::timestamptz,
-                    now() + make_interval(secs => COALESCE(%(countdown)s::float8, 0))) AS run_at,
-           COALESCE(%(expires_at)s::timestamptz,
-                    now() + make_interval(secs => %(expires_in)s::float8)) AS expires_at
-), slot AS (
-    DELETE FROM {schema}.parked_workers AS w
-     WHERE w.worker = (SELECT p.worker
-                         FROM {schema}.parked_workers AS p, v
-                        WHERE %(queue)s = ANY(p.queues) AND %(name)s <> ALL(p.skip_names)
-                          AND p.until > now() AND v.run_at <= now()
-                          AND (v.expires_at IS NULL OR v.expires_at > now())
-                        LIMIT 1
-                          FOR UPDATE OF p SKIP LOCKED)
-    RETURNING w.worker, w.channel, w.lease
-), task AS (
-    INSERT INTO {schema}.tasks
-        (id, name, queue, priority, run_at, expires_at, content_type, content_encoding,
-         payload, payload_raw, headers, max_retries, status, attempt, claimed_by, lease_until)
-    SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, v.run_at, v.expires_at,
-           %(content_type)s, %(content_encoding)s, %(payload)s::json, %(payload_raw)s::bytea,
-           %(headers)s::jsonb, %(max_retries)s,
-           CASE WHEN s.worker IS NULL THEN 'PENDING' ELSE 'RUNNING' END,
-           CASE WHEN s.worker IS NULL THEN 0 ELSE 1 END,
-           s.worker, now() + make_interval(secs => s.lease)
-      FROM v LEFT JOIN slot AS s ON true
-    RETURNING id, name, queue, priority, attempt, retries, max_retries, content_type,
-              content_encoding, payload, payload_raw, headers, run_at, expires_at, created_at,
-              requeued_attempt, claimed_by
-)
-SELECT pg_notify(s.channel, CASE WHEN octet_length(m.body) < 7900 THEN m.body
-                                 ELSE json_build_array(t.id)::text END)
-  FROM task AS t
-  JOIN slot AS s ON s.worker = t.claimed_by
- CROSS JOIN LATERAL (
-        SELECT json_build_array(
-                   t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
-                   t.content_type, t.content_encoding, t.payload::text,
-                   encode(t.payload_raw, 'base64'), t.headers, extract(epoch FROM t.run_at),
-                   extract(epoch FROM t.expires_at), false, extract(epoch FROM t.created_at),
-                   t.requeued_attempt, t.claimed_by)::text AS body
-       ) AS m
+-- not rate-limited there) goes straight to a parked worker of its queue (see parked_workers
+-- and hand_off): the row is written RUNNING for that worker, attempt 1 under its lease, and
+-- the worker is sent the row by NOTIFY. No worker parked: the row is written PENDING, as
+-- ever, at the cost of one look at an empty table. OFFSET 0 keeps "o" a subquery of its own,
+-- so that hand_off runs once.
+INSERT INTO {schema}.tasks
+    (id, name, queue, priority, run_at, expires_at, content_type, content_encoding,
+     payload, payload_raw, headers, max_retries, status, attempt, claimed_by, lease_until)
+SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, o.run_at, o.expires_at,
+       %(content_type)s, %(content_encoding)s, %(payload)s::json, %(payload_raw)s::bytea,
+       %(headers)s::jsonb, %(max_retries)s,
+       CASE WHEN (o.w).worker IS NULL THEN 'PENDING' ELSE 'RUNNING' END,
+       CASE WHEN (o.w).worker IS NULL THEN 0 ELSE 1 END,
+       (o.w).worker, now() + make_interval(secs => (o.w).lease)
+  FROM (SELECT CASE WHEN v.run_at <= now() AND (v.expires_at IS NULL OR v.expires_at > now())
+                     AND EXISTS (SELECT 1 FROM {schema}.parked_workers)
+                    THEN {schema}.hand_off(
+                             %(id)s::text, %(name)s::text, %(queue)s::text, %(priority)s::int,
+                             %(max_retries)s::int, %(content_type)s::text,
+                             %(content_encoding)s::text, %(payload)s::text,
+                             %(payload_raw)s::bytea, %(headers)s::jsonb, v.run_at, v.expires_at)
+               END AS w,
+               v.run_at, v.expires_at
+          FROM (SELECT COALESCE(%(eta)s::timestamptz,
+                                now() + make_interval(secs => COALESCE(%(countdown)s::float8, 0)))
+                         AS run_at,
+                       COALESCE(%(expires_at)s::timestamptz,
+                                now() + make_interval(secs => %(expires_in)s::float8))
+                         AS expires_at) AS v
+        OFFSET 0) AS o
 
 -- name: record_effect
 -- Record that the task did the named effect, in the caller's transaction (or at once outside

@@ -231,3 +231,30 @@ def test_a_producer_role_enqueues_unique_tasks_in_every_mode(
     finally:
         app.close()
     assert one(db, "SELECT count(*) AS n FROM tasks")["n"] == 3
+
+
+def test_a_producer_role_hands_tasks_to_parked_workers(
+    roles: Roles, db: psycopg.Connection[Any]
+) -> None:
+    worker_app = roles.app(roles.worker)
+    producer = roles.app(roles.producer)
+    try:
+        worker_app.broker.park("ghost", ["reports"], 30.0, 60.0)
+        handed = producer.tasks["reports.build"].apply_async((1,), queue="reports")
+        assert one(db, "SELECT claimed_by FROM tasks WHERE id = %s", (handed.id,)) == {
+            "claimed_by": "ghost"
+        }
+        # A producer granted its rights before the schema had the hand-off's table: its
+        # enqueues go the plain way.
+        db.execute(f'REVOKE ALL ON parked_workers FROM "{roles.producer}"')
+        worker_app.broker.park("ghost", ["reports"], 30.0, 60.0)
+        plain = producer.tasks["reports.build"].apply_async((2,), queue="reports")
+        assert one(db, "SELECT status FROM tasks WHERE id = %s", (plain.id,)) == {
+            "status": "PENDING"
+        }
+        # Refused for its own reasons, it is still refused.
+        with pytest.raises(NotPermitted):
+            producer.tasks["billing.charge"].delay(1)
+    finally:
+        producer.close()
+        worker_app.close()
