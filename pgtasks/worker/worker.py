@@ -63,7 +63,8 @@ class InFlight:
 class Worker:
     """One ``pgtasks worker`` process."""
 
-    #: How long a park lasts (database clock); an idle worker parks again after a third of it.
+    #: How long a park lasts at least (database clock; three polls where polls are slower). An
+    #: idle worker parks again after a third of it.
     PARK_SECONDS = 5.0
 
     def __init__(
@@ -147,6 +148,7 @@ class Worker:
         self._parked = False
         self._parked_at = 0.0
         self._handoffs = 0
+        self.park_seconds = max(self.PARK_SECONDS, 3 * self.poll_interval)
         self.ready = threading.Event()
         self.processed = 0
 
@@ -210,6 +212,7 @@ class Worker:
             concurrency=self.concurrency,
             pool=self.pool.name,
             lease=self.lease,
+            handoff=self.handoff,
             tasks=app.registered(),
         )
         signals.worker_ready.send(sender=self)
@@ -378,12 +381,12 @@ class Worker:
         if self.pool.free_slots() <= 0:
             return
         now = time.monotonic()
-        if self._parked and now - self._parked_at < self.PARK_SECONDS / 3:
+        if self._parked and now - self._parked_at < self.park_seconds / 3:
             return
         handoffs = self._handoffs
         try:
             self.app.broker.park(
-                self.id, self.queues, self.lease, self.PARK_SECONDS, list(self._rate_intervals())
+                self.id, self.queues, self.lease, self.park_seconds, list(self._rate_intervals())
             )
         except psycopg.Error as exc:
             self._parked = False
