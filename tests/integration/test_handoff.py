@@ -220,3 +220,36 @@ def test_a_stopping_worker_hands_back_what_it_was_handed(
     row = task_row(db, sent.id)
     assert (row["status"], row["claimed_by"]) == ("PENDING", None)
     assert not parked(db, worker.id)
+
+
+def test_parks_given_up_unused_back_off(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: Any
+) -> None:
+    @app.task(name="handoff.batch")
+    def batch() -> None:
+        pass
+
+    parks: list[float] = []
+    park = app.broker.park
+
+    def counting(*args: Any, **kwargs: Any) -> None:
+        parks.append(0.0)
+        park(*args, **kwargs)
+
+    app.broker.park = counting  # type: ignore[method-assign]
+    with worker_factory(concurrency=1) as worker:
+        wait_until(lambda: parked(db, worker.id), what="the worker to park")
+        # Bulk enqueues are claimed, never handed off: each one would cost a park and an
+        # unpark without the back-off.
+        rounds = 40
+        for _ in range(rounds):
+            sent = batch.apply_many([((), {})] * 3)
+            wait_until(
+                lambda sent=sent: all(status(db, r.id) == "COMPLETED" for r in sent),
+                what="the batch to finish",
+            )
+        assert len(parks) < rounds * 3 // 4, parks
+        # Idle again, it parks within a second, and the next delay is handed to it.
+        wait_until(lambda: parked(db, worker.id), what="the worker to park again")
+        assert batch.delay().get(timeout=10) is None
+        assert worker._park_backoff == 0.0
