@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -575,6 +576,44 @@ class Broker:
         self._enqueue_plain(msgs, conn)
         return [m.id for m in msgs]
 
+    def enqueue_stream(
+        self, msgs: Iterable[TaskMessage], conn: psycopg.Connection[Any] | None = None
+    ) -> list[TaskMessage]:
+        """``enqueue_many`` for messages with no unique key and no time relative to the
+        database clock, read from ``msgs`` while the rows are sent: the server stores the
+        first rows with COPY while the caller builds the next. Returns the messages. An error
+        raised while they are built aborts the COPY, and nothing is stored."""
+        built: list[TaskMessage] = []
+
+        def rows() -> Iterator[TaskMessage]:
+            for msg in msgs:
+                built.append(msg)
+                yield msg
+
+        tries = 0
+
+        def copy(c: psycopg.Connection[Any]) -> None:
+            nonlocal tries
+            tries += 1
+            # Sent again on another connection (see _pooled): what was built, then the rest.
+            self._copy_tasks(c, rows() if tries == 1 else itertools.chain(list(built), rows()))
+
+        with _storage_errors(None):
+            if self._copy_ok is False or (conn is not None and not self._copy_allowed(conn)):
+                built.extend(msgs)
+                self._insert_json(built, conn)
+            elif conn is not None:
+                copy(conn)
+            else:
+                try:
+                    self._pooled(copy, "insert_tasks")
+                except errors.FeatureNotSupported:
+                    # Row-level security applies to this role: INSERT from now on.
+                    self._copy_ok = False
+                    built.extend(msgs)
+                    self._insert_json(built, conn)
+        return built
+
     def _enqueue_some_unique(
         self, msgs: Sequence[TaskMessage], conn: psycopg.Connection[Any]
     ) -> list[str]:
@@ -622,7 +661,7 @@ class Broker:
             self._copy_ok = not (found and found[0]["active"])
         return self._copy_ok
 
-    def _copy_tasks(self, conn: psycopg.Connection[Any], msgs: Sequence[TaskMessage]) -> None:
+    def _copy_tasks(self, conn: psycopg.Connection[Any], msgs: Iterable[TaskMessage]) -> None:
         """COPY the rows in (a transaction of its own on an autocommit connection)."""
         dumps = _HEADERS_ENCODER.encode
         with conn.cursor() as cur, cur.copy(self._copy_statement) as copy:

@@ -385,20 +385,33 @@ class Task(Generic[P, R]):
         """Enqueue many calls in one statement. Each item is ``(args, kwargs)`` or an args tuple."""
         if "task_id" in options:
             raise TypeError("apply_many gives every call an id of its own; task_id is refused")
+        # Whether the rows can go with COPY as they are built (see Broker.enqueue_stream): no
+        # unique key to settle first, no time relative to the database clock, and no
+        # before_task_publish receiver that must see every message before any is sent.
+        stream = (
+            "unique_key" not in options
+            and self.unique_on is None
+            and options.get("countdown") is None
+            and not isinstance(options.get("expires"), (int, float, timedelta))
+            and not signals.before_task_publish.receivers
+        )
         make = self.message_maker(**options)
-        msgs = []
         bodies = []
         for call in calls:
             if len(call) == 2 and isinstance(call[1], dict) and isinstance(call[0], (list, tuple)):
-                args, kwargs = call[0], call[1]
+                bodies.append((call[0], call[1]))
             else:
-                args, kwargs = tuple(call), {}
-            msgs.append(make(args, kwargs, None))
-            bodies.append((args, kwargs))
-        if signals.before_task_publish.receivers:
-            for msg, (args, kwargs) in zip(msgs, bodies, strict=True):
-                signals.send_before_publish(msg, args, kwargs)
-        holders = self.app.broker.enqueue_many(msgs, conn=self._enqueue_conn(connection))
+                bodies.append((tuple(call), {}))
+        conn = self._enqueue_conn(connection)
+        if stream:
+            msgs = self.app.broker.enqueue_stream((make(a, k, None) for a, k in bodies), conn)
+            holders = [msg.id for msg in msgs]
+        else:
+            msgs = [make(args, kwargs, None) for args, kwargs in bodies]
+            if signals.before_task_publish.receivers:
+                for msg, (args, kwargs) in zip(msgs, bodies, strict=True):
+                    signals.send_before_publish(msg, args, kwargs)
+            holders = self.app.broker.enqueue_many(msgs, conn=conn)
         if signals.after_task_publish.receivers:
             for msg, (args, kwargs), holder in zip(msgs, bodies, holders, strict=True):
                 if holder == msg.id:

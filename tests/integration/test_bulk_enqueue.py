@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from pgtasks import Celery
+from pgtasks.exceptions import EncodeError
 
 COLUMNS = (
     "name, queue, priority, content_type, content_encoding, payload::text, payload_raw, "
@@ -103,3 +104,17 @@ def test_apply_many_binary_payloads_round_trip(app: Celery, db: psycopg.Connecti
     assert rows(db, [many]) == rows(db, [single])
     raw = db.execute("SELECT payload_raw FROM tasks WHERE id = %s", [many]).fetchone()
     assert raw is not None and bytes(raw[0]).startswith(b"\x92")
+
+
+def test_a_bad_call_late_in_a_large_batch_writes_nothing(
+    app: Celery, db: psycopg.Connection[Any]
+) -> None:
+    @app.task(name="bulk.late")
+    def late(value: Any) -> None: ...
+
+    # The rows before it have already reached the server when the bad one is built.
+    calls: list[tuple[Any, ...]] = [("x" * 200,)] * 5000 + [(float("nan"),)]
+    with pytest.raises(EncodeError, match="NaN"):
+        late.apply_many(calls)
+    assert db.execute("SELECT count(*) FROM tasks").fetchone() == (0,)
+    assert len(late.apply_many([("fine",)] * 3)) == 3

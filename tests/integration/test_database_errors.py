@@ -168,3 +168,21 @@ def test_enqueue_after_the_database_dropped_idle_connections(
     assert kill_connections(db, tag) >= 1
     second = app.send_task("dberr.noop")
     assert {first.state, second.state} == {"PENDING"}
+
+
+def test_bulk_enqueue_after_the_database_dropped_idle_connections(
+    app: Celery, pg_dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    @app.task(name="dberr.bulk")
+    def bulk(n: int) -> None: ...
+
+    tag = f"pgtasks-test-{uuid.uuid4().hex[:10]}"
+    app.conf.broker_url = make_conninfo(pg_dsn, application_name=tag)
+    bulk.apply_many([(0,)])
+    assert kill_connections(db, tag) >= 1
+    # The rows are built as they are sent: the first connection is found broken, and all of
+    # them go on another, once each.
+    sent = bulk.apply_many([(n,) for n in range(2000)])
+    stored = db.execute("SELECT count(*), count(DISTINCT id) FROM tasks").fetchone()
+    assert stored == (2001, 2001)
+    assert {r.id for r in sent} <= {row[0] for row in db.execute("SELECT id FROM tasks")}
