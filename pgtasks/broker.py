@@ -200,7 +200,7 @@ def _ago(started: datetime | None, now: float) -> float | None:
     return None if started is None else max(0.0, now - started.timestamp())
 
 
-@dataclass(frozen=True)
+@dataclass(unsafe_hash=True)
 class Success:
     id: str
     attempt: int
@@ -213,7 +213,7 @@ class Success:
     state: str = "SUCCESS"
 
 
-@dataclass(frozen=True)
+@dataclass(unsafe_hash=True)
 class Failure:
     id: str
     attempt: int
@@ -227,7 +227,7 @@ class Failure:
     followups: Followups | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(unsafe_hash=True)
 class RetryAt:
     id: str
     attempt: int
@@ -243,7 +243,7 @@ class RetryAt:
     content_type: str = "application/json"
 
 
-@dataclass(frozen=True)
+@dataclass(unsafe_hash=True)
 class Release:
     id: str
     attempt: int

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,7 @@ _JSON_ENCODER = kombu_json.JSONEncoder()
 _JSON_DECODER = json.JSONDecoder(object_hook=kombu_json.object_hook)
 
 
-@dataclass(frozen=True)
+@dataclass(unsafe_hash=True)
 class Encoded:
     """A serialized value as a row stores it."""
 
@@ -66,6 +66,21 @@ def encode(value: Any, serializer: str) -> Encoded:
     if isinstance(data, str):
         data = data.encode(encoding or "utf-8")
     return Encoded(content_type, encoding or "binary", data)
+
+
+def encoder(serializer: str) -> Callable[[Any], Encoded]:
+    """``encode`` with ``serializer`` for many values: the choice of codec made once."""
+    if serializer == "json" and _kombu_json_codec():
+        dumps = _JSON_ENCODER.encode
+
+        def encode_json(value: Any) -> Encoded:
+            try:
+                return Encoded(JSON, "utf-8", dumps(value).encode("utf-8"))
+            except Exception as exc:
+                raise EncodeError(str(exc)) from exc
+
+        return encode_json
+    return functools.partial(encode, serializer=serializer)
 
 
 def decode(

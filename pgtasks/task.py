@@ -19,7 +19,7 @@ from pgtasks import concurrency, exceptions, ratelimits, signals, tracing, uniqu
 from pgtasks.exceptions import ImproperlyConfigured
 from pgtasks.request import Request
 from pgtasks.retry import exponential_backoff
-from pgtasks.serialization import EncodeError, encode, find_unencodable
+from pgtasks.serialization import EncodeError, encode, encoder, find_unencodable
 from pgtasks.transaction import resolve
 from pgtasks.utils import uuid as new_id
 
@@ -524,6 +524,7 @@ class Task(Generic[P, R]):
         max_payload = settings.max_payload_bytes
         default_queue = settings.default_queue
         name = _check_text("task name", self.name)
+        encode_body = encoder(serializer)
 
         def make(
             args: Sequence[Any] | None, kwargs: dict[str, Any] | None, task_id: str | None = None
@@ -531,7 +532,7 @@ class Task(Generic[P, R]):
             args = tuple(args or ())
             kwargs = dict(kwargs or {})
             try:
-                body = encode([list(args), kwargs], serializer)
+                body = encode_body([list(args), kwargs])
             except EncodeError as exc:
                 culprit = find_unencodable(args, kwargs, serializer)
                 where = f" {culprit}" if culprit else ""
