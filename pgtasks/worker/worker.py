@@ -467,7 +467,13 @@ class Worker:
         if not self._heard_before:
             self._heard_before = True
             return
-        self._adopt()
+        try:
+            self._adopt()
+        except Exception as exc:
+            # On the listener's thread, which must go on listening: the rows' leases bring
+            # them back if this fails.
+            self.log.error("worker.loop_error", during="adopt", error=str(exc))
+            self.metrics.loop_error("adopt")
 
     def _adopt(self) -> None:
         """Start (or, stopping, hand back) the RUNNING rows this worker holds unknowingly."""
