@@ -648,22 +648,12 @@ DELETE FROM {schema}.parked_workers WHERE worker = %(worker)s
 -- This worker's RUNNING rows that it does not know it holds (handed off to it while it did not
 -- listen), as a claim returns them. Rare: after the worker's listening connection came back,
 -- and as it stops.
-SELECT t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
-       t.content_type, t.content_encoding, t.payload::text AS payload, t.payload_raw,
-       t.headers, t.run_at, t.expires_at,
-       (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
-       t.created_at, t.requeued_attempt, NULL::text AS set_aside
-  FROM {schema}.tasks AS t
+-- insert: adopted_row
  WHERE t.status = 'RUNNING' AND t.claimed_by = %(worker)s AND t.id <> ALL(%(known)s::text[])
 
 -- name: adopt_handed
 -- Rows handed off to this worker whose notification carried their ids only (too large).
-SELECT t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
-       t.content_type, t.content_encoding, t.payload::text AS payload, t.payload_raw,
-       t.headers, t.run_at, t.expires_at,
-       (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
-       t.created_at, t.requeued_attempt, NULL::text AS set_aside
-  FROM {schema}.tasks AS t
+-- insert: adopted_row
  WHERE t.id = ANY(%(ids)s::text[]) AND t.status = 'RUNNING' AND t.claimed_by = %(worker)s
 
 -- name: heartbeat_worker
@@ -1352,3 +1342,12 @@ RETURNING t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries
           (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
           t.created_at, t.requeued_attempt,
           CASE WHEN t.claimed_by IS NULL THEN t.status END AS set_aside
+
+-- fragment: adopted_row
+-- A row this worker holds, as a claim returns it (pgtasks.message.ClaimedTask's fields).
+SELECT t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
+       t.content_type, t.content_encoding, t.payload::text AS payload, t.payload_raw,
+       t.headers, t.run_at, t.expires_at,
+       (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
+       t.created_at, t.requeued_attempt, NULL::text AS set_aside
+  FROM {schema}.tasks AS t
