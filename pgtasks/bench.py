@@ -405,7 +405,7 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
         since = broker.bench_cost_sample()["now"]
         meter = CostMeter.start()
         windows: list[dict[str, Any]] = []
-        sent = 0
+        sent = finished = 0
         t0 = time.perf_counter()
         end = t0 + opts.steady_seconds
         next_window = t0 + WINDOW
@@ -424,6 +424,7 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
                 row = broker.bench_steady_window(since)
                 if row["done"]:
                     since = row["last_done"]
+                finished += row["done"]
                 p50, p99 = row["ms"] or (None, None)
                 windows.append(
                     {
@@ -431,7 +432,8 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
                         "finished_per_second": row["done"] / WINDOW,
                         "p50_ms": p50,
                         "p99_ms": p99,
-                        "unfinished": row["unfinished"],
+                        # Sent and not yet finished, as the windows counted them.
+                        "unfinished": max(0, sent - finished),
                         "tasks_mb": row["tasks_bytes"] / 2**20,
                         "results_mb": row["results_bytes"] / 2**20,
                         "attempts_mb": row["attempts_bytes"] / 2**20,
