@@ -48,13 +48,27 @@ _JSON_NULL = Encoded(JSON, "utf-8", b"null")
 
 def encode(value: Any, serializer: str) -> Encoded:
     """Serialize with kombu's registry; raises kombu's ``EncodeError`` with the reason."""
+    return encoder(serializer)(value)
+
+
+def encoder(serializer: str) -> Callable[[Any], Encoded]:
+    """``encode`` with ``serializer`` for many values: the choice of codec made once."""
     if serializer == "json" and _kombu_json_codec():
-        if value is None:  # what most tasks return
-            return _JSON_NULL
-        try:
-            return Encoded(JSON, "utf-8", _JSON_ENCODER.encode(value).encode("utf-8"))
-        except Exception as exc:
-            raise EncodeError(str(exc)) from exc
+        return _encode_json
+    return functools.partial(_encode_with_kombu, serializer=serializer)
+
+
+def _encode_json(value: Any) -> Encoded:
+    """json while it is kombu's own codec, without going through kombu's registry."""
+    if value is None:  # what most tasks return
+        return _JSON_NULL
+    try:
+        return Encoded(JSON, "utf-8", _JSON_ENCODER.encode(value).encode("utf-8"))
+    except Exception as exc:
+        raise EncodeError(str(exc)) from exc
+
+
+def _encode_with_kombu(value: Any, serializer: str) -> Encoded:
     try:
         content_type, encoding, data = serialization.dumps(  # type: ignore[no-untyped-call]
             value, serializer=serializer
@@ -66,21 +80,6 @@ def encode(value: Any, serializer: str) -> Encoded:
     if isinstance(data, str):
         data = data.encode(encoding or "utf-8")
     return Encoded(content_type, encoding or "binary", data)
-
-
-def encoder(serializer: str) -> Callable[[Any], Encoded]:
-    """``encode`` with ``serializer`` for many values: the choice of codec made once."""
-    if serializer == "json" and _kombu_json_codec():
-        dumps = _JSON_ENCODER.encode
-
-        def encode_json(value: Any) -> Encoded:
-            try:
-                return Encoded(JSON, "utf-8", dumps(value).encode("utf-8"))
-            except Exception as exc:
-                raise EncodeError(str(exc)) from exc
-
-        return encode_json
-    return functools.partial(encode, serializer=serializer)
 
 
 def decode(
