@@ -15,11 +15,11 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg import errors, sql
+from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from pgtasks.broker import Broker, Row, _storage_errors, result_channel
+from pgtasks.broker import NO_HANDOFF, Broker, Row, _storage_errors, result_channel
 
 if TYPE_CHECKING:
     from pgtasks.message import TaskMessage
@@ -114,7 +114,7 @@ class AsyncBroker:
                 name = broker.insert_statement(msg, conn is not None)
                 try:
                     await self._all(name, broker._params(msg), conn)
-                except (errors.UndefinedTable, errors.InsufficientPrivilege):
+                except NO_HANDOFF:
                     if name == "insert_task":
                         raise
                     await self._all("insert_task", broker._params(msg), conn)

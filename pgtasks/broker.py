@@ -506,7 +506,7 @@ class Broker:
                 name = self.insert_statement(msg, conn is not None)
                 try:
                     self._all(name, self._params(msg), conn)
-                except _NO_HANDOFF:
+                except NO_HANDOFF:
                     if name == "insert_task":
                         raise
                     self._all("insert_task", self._params(msg), conn)
@@ -584,9 +584,11 @@ class Broker:
         first rows with COPY while the caller builds the next. Returns the messages. An error
         raised while they are built aborts the COPY, and nothing is stored."""
         built: list[TaskMessage] = []
+        # One iterator, so that a fallback after a partial read takes up where the COPY stopped.
+        source = iter(msgs)
 
         def rows() -> Iterator[TaskMessage]:
-            for msg in msgs:
+            for msg in source:
                 built.append(msg)
                 yield msg
 
@@ -600,7 +602,7 @@ class Broker:
 
         with _storage_errors(None):
             if self._copy_ok is False or (conn is not None and not self._copy_allowed(conn)):
-                built.extend(msgs)
+                built.extend(source)
                 self._insert_json(built, conn)
             elif conn is not None:
                 copy(conn)
@@ -610,7 +612,7 @@ class Broker:
                 except errors.FeatureNotSupported:
                     # Row-level security applies to this role: INSERT from now on.
                     self._copy_ok = False
-                    built.extend(msgs)
+                    built.extend(source)
                     self._insert_json(built, conn)
         return built
 
@@ -630,23 +632,11 @@ class Broker:
     def _enqueue_plain(
         self, msgs: Sequence[TaskMessage], conn: psycopg.Connection[Any] | None
     ) -> None:
-        with _storage_errors(None):
-            relative = any(m.countdown is not None or m.expires_in is not None for m in msgs)
-            if relative or self._copy_ok is False:
+        if any(m.countdown is not None or m.expires_in is not None for m in msgs):
+            with _storage_errors(None):
                 self._insert_json(msgs, conn)
-            elif conn is not None:
-                # In the caller's transaction a refused COPY would abort it: ask first.
-                if self._copy_allowed(conn):
-                    self._copy_tasks(conn, msgs)
-                else:
-                    self._insert_json(msgs, conn)
-            else:
-                try:
-                    self._pooled(lambda c: self._copy_tasks(c, msgs), "insert_tasks")
-                except errors.FeatureNotSupported:
-                    # Row-level security applies to this role: INSERT from now on.
-                    self._copy_ok = False
-                    self._insert_json(msgs, conn)
+        else:
+            self.enqueue_stream(msgs, conn)
 
     def _insert_json(
         self, msgs: Sequence[TaskMessage], conn: psycopg.Connection[Any] | None
@@ -1614,8 +1604,8 @@ class StoredResult:
     traceback: str | None = None
 
 
-#: What the hand-off insert can meet where the plain one would not fail.
-_NO_HANDOFF = (errors.UndefinedTable, errors.InsufficientPrivilege)
+#: What the hand-off insert can meet where the plain one would not fail (also pgtasks.aio's).
+NO_HANDOFF = (errors.UndefinedTable, errors.InsufficientPrivilege)
 _INSERTS = (
     "insert_task",
     "insert_task_handoff",
