@@ -97,6 +97,17 @@ _ADAPTERS.register_loader("timestamptz", _TimestamptzBinaryLoader)
 _HEADERS_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
+# The attribute of a connection pgtasks opened that holds its cursors, one per row factory:
+# a statement on a kept cursor skips building a cursor, which costs as much client time as
+# sending and reading a short statement.
+_KEPT = "_pgtasks_cursors"
+
+
+def keep_cursors(conn: psycopg.Connection[Any]) -> None:
+    """Let ``conn``'s statements reuse cursors (for connections pgtasks opened and owns)."""
+    setattr(conn, _KEPT, {})
+
+
 # Forks of this process so far, as seen by the child (a pool is never shared across a fork).
 _forks = [0]
 
@@ -325,6 +336,7 @@ class Broker:
                         min_size=self.min_size,
                         max_size=self.max_size,
                         kwargs=self._conn_kwargs(),
+                        configure=keep_cursors,
                         open=False,
                         name=f"pgtasks-{os.getpid()}",
                     )
@@ -369,10 +381,12 @@ class Broker:
         the server plans a claim again for every execution (its custom plans look cheaper),
         and planning the claim takes longer than running it.
         """
-        return psycopg.connect(
+        conn = psycopg.connect(
             self.dsn,
             **self._conn_kwargs("synchronous_commit=off", "plan_cache_mode=force_generic_plan"),
         )
+        keep_cursors(conn)
+        return conn
 
     def listen_connection(self, *channels: str) -> psycopg.Connection[Any]:
         """A connection listening on the wake-up and cancel channels, and on ``channels``."""
@@ -435,13 +449,23 @@ class Broker:
         params: dict[str, Any],
         row_factory: Any = dict_row,
     ) -> list[Row]:
-        with conn.cursor(row_factory=row_factory) as cur:
-            cur.execute(self.q[name], params)
-            # The result's status rather than cur.description, which builds column objects.
-            result = cur.pgresult
-            if result is None or result.status != pq.ExecStatus.TUPLES_OK:
-                return []
-            return cur.fetchall()
+        kept: dict[Any, psycopg.Cursor[Any]] | None = getattr(conn, _KEPT, None)
+        if kept is None:
+            # A caller's connection: a cursor of its own for the statement.
+            with conn.cursor(row_factory=row_factory) as cur:
+                return self._execute(cur, name, params)
+        found = kept.get(row_factory)
+        if found is None:
+            found = kept[row_factory] = conn.cursor(row_factory=row_factory)
+        return self._execute(found, name, params)
+
+    def _execute(self, cur: psycopg.Cursor[Any], name: str, params: dict[str, Any]) -> list[Row]:
+        cur.execute(self.q[name], params)
+        # The result's status rather than cur.description, which builds column objects.
+        result = cur.pgresult
+        if result is None or result.status != pq.ExecStatus.TUPLES_OK:
+            return []
+        return cur.fetchall()
 
     def _statuses(
         self, name: str, params: dict[str, Any], conn: psycopg.Connection[Any] | None = None

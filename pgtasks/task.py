@@ -80,6 +80,8 @@ class Task(Generic[P, R]):
     #: ``("customer_id",)``), or a function of the arguments that returns the key (None: that
     #: call is not limited). Unset: the task as a whole.
     concurrency_key: concurrency.ConcurrencyKey | None = None
+    #: The message maker of a call without options, with what it was made from.
+    _plain: tuple[Any, Any, Callable[..., Any]] | None = None
 
     MaxRetriesExceededError = exceptions.MaxRetriesExceededError
 
@@ -432,7 +434,36 @@ class Task(Generic[P, R]):
         **options: Any,
     ) -> TaskMessage:
         """The row a call would write, with every option checked."""
-        return self.message_maker(**options)(args, kwargs, task_id)
+        settings = options.pop("_settings", None)
+        if any(value is not None for value in options.values()):
+            return self.message_maker(_settings=settings, **options)(args, kwargs, task_id)
+        return self._plain_maker(settings)(args, kwargs, task_id)
+
+    def _plain_maker(
+        self, settings: Settings | None
+    ) -> Callable[[Sequence[Any] | None, dict[str, Any] | None, str | None], TaskMessage]:
+        """``message_maker()`` for a call without options (``delay``), kept while the app's
+        settings and the task's own defaults stay as they were."""
+        if settings is None:
+            settings = self.app.settings
+        defaults = (
+            self.name,
+            self.serializer,
+            self.priority,
+            self.queue,
+            self.ignore_result,
+            self.max_retries,
+            self.unique_for,
+            self.unique_on,
+            self.concurrency_limit,
+            self.concurrency_key,
+        )
+        kept = self._plain
+        if kept is not None and kept[0] is settings and kept[1] == defaults:
+            return kept[2]
+        make = self.message_maker(_settings=settings)
+        self._plain = (settings, defaults, make)
+        return make
 
     def message_maker(
         self,

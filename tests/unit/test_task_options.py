@@ -415,3 +415,33 @@ def test_big_arguments_have_a_bounded_repr(task: Task[Any, Any]) -> None:
     assert len(msg.headers["argsrepr"]) <= 1024
     assert len(msg.headers["kwargsrepr"]) <= 1024
     assert msg.headers["argsrepr"].startswith("([0, 1, 2")
+
+
+# -- a call without options reuses what the last one checked -----------------------------------
+
+
+def test_plain_calls_follow_changed_defaults(app: Celery, task: Task[Any, Any]) -> None:
+    first = task.build_message((1,), {})
+    again = task.build_message((2,), {})
+    assert (first.queue, first.priority, first.max_retries) == ("celery", 0, 3)
+    assert again.id != first.id
+    assert again.body.data != first.body.data
+    assert again.headers is not first.headers
+    task.priority = 7
+    task.queue = "io"
+    task.max_retries = 9
+    changed = task.build_message((3,), {})
+    assert (changed.queue, changed.priority, changed.max_retries) == ("io", 7, 9)
+    app.conf.task_ignore_result = True
+    assert task.build_message((4,), {}).headers.get("ignore_result") is True
+    app.conf.task_ignore_result = False
+    assert "ignore_result" not in task.build_message((5,), {}).headers
+    # A call with options never takes the kept maker, nor replaces it.
+    assert task.build_message((6,), {}, priority=1).priority == 1
+    assert task.build_message((7,), {}).priority == 7
+
+
+def test_plain_call_headers_are_its_own(task: Task[Any, Any]) -> None:
+    first = task.build_message((1,), {})
+    first.headers["trace"] = "x"
+    assert "trace" not in task.build_message((2,), {}).headers
