@@ -498,3 +498,29 @@ def test_large_floats_stay_floats(app: Celery, worker_factory: Any) -> None:
 
     with worker_factory():
         assert kind.delay(1e16).get(timeout=10) == "float"
+
+
+def test_statements_after_a_refused_one_run_on_the_same_connection(
+    app: Celery, db: psycopg.Connection[Any]
+) -> None:
+    # One pooled connection, whose kept cursors serve every statement: an error leaves them
+    # ready for the next one, with either row shape.
+    app.conf.pool_max_size = 1
+
+    @app.task(name="bad.again")
+    def again() -> None: ...
+
+    again.apply_async(task_id="kept-1")
+    with pytest.raises(ValueError, match="'kept-1' already exists"):
+        again.apply_async(task_id="kept-1")
+    assert again.apply_async(task_id="kept-2").state == "PENDING"
+    assert app.broker.pool.get_stats()["pool_size"] == 1
+    with app.broker.pool.connection() as pooled:
+        assert getattr(pooled, "_pgtasks_cursors", None)
+    assert task_count(db) == 2
+    # A caller's connection is left as it was given.
+    with psycopg.connect(app.database_url, autocommit=False) as conn:
+        again.apply_async(task_id="kept-3", connection=conn)
+        conn.commit()
+        assert not hasattr(conn, "_pgtasks_cursors")
+    assert task_count(db) == 3
