@@ -594,8 +594,13 @@ class Worker:
         return self.app.broker.count_unfinished(self.queues) == 0
 
     def _accept(self, row: ClaimedTask) -> ex.Job | None:
-        """The job to run for a claimed row, or None when the row was settled at once."""
+        """The job to run for a claimed row, or None when the row was settled at once or this
+        very claim is running already."""
         with self._lock:
+            if self._claim_of(row.id, row.attempt) is not None:
+                # Found twice: a claim's rows can be read by an adoption (after the listener
+                # reconnected) before the claim's own result is back, or the other way round.
+                return None
             self._inflight[row.id] = InFlight(row)
         tlog = TaskLog(self.log, row)
         tlog.debug("task.claimed")

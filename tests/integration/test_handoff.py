@@ -199,6 +199,35 @@ def test_a_worker_whose_listener_broke_finds_what_was_handed_to_it(
     assert [(a, o) for a, _, o in attempts(db, sent.id)] == [(1, "completed")]
 
 
+def test_a_row_both_claimed_and_adopted_runs_once(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: Any
+) -> None:
+    runs: list[int] = []
+
+    @app.task(name="handoff.twice")
+    def twice() -> None:
+        runs.append(1)
+
+    with worker_factory(concurrency=1) as worker:
+        wait_until(lambda: parked(db, worker.id), what="the worker to park")
+        # A claim of this worker that has committed, its result not yet back (the row is
+        # written here by hand, as the claim writes it) ...
+        sent = twice.apply_async(countdown=3600)
+        db.execute(
+            "UPDATE tasks SET status = 'RUNNING', claimed_by = %s, attempt = 1, run_at = now(),"
+            " lease_until = now() + interval '1 minute' WHERE id = %s",
+            (worker.id, sent.id),
+        )
+        (row,) = app.broker.adopt(worker.id)
+        # ... is found meanwhile by an adoption after the listener reconnected, and starts.
+        worker._adopt()
+        # Then the claim's result arrives: the same attempt is not started again.
+        assert worker._accept(row) is None
+        assert sent.get(timeout=10) is None
+    assert runs == [1]
+    assert [(a, o) for a, _, o in attempts(db, sent.id)] == [(1, "completed")]
+
+
 def test_a_stopping_worker_hands_back_what_it_was_handed(
     app: Celery, db: psycopg.Connection[Any]
 ) -> None:
