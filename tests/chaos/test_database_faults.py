@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -64,12 +65,15 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    pg = Server(tmp_path_factory.mktemp("restarted") / "pg")
-    try:
-        yield pg
-    finally:
-        pg._server.cleanup()
+def server() -> Iterator[Server]:
+    # Not under pytest's temporary folder: the server runs as another user, and any pytest
+    # started meanwhile makes that folder private to its owner again.
+    with tempfile.TemporaryDirectory(prefix="pgtasks-restarted-") as folder:
+        pg = Server(Path(folder) / "pg")
+        try:
+            yield pg
+        finally:
+            pg._server.cleanup()
 
 
 @pytest.fixture
