@@ -53,7 +53,9 @@ class Pool:
         self._busy = 0
         self._lock = threading.Lock()
         #: Called as a job starts (not when it is handed over): the worker logs the start here.
-        self.on_start: Callable[[Job], None] | None = None
+        #: False: the job is not to run after all (its claim was lost while it waited); it is
+        #: dropped without an outcome.
+        self.on_start: Callable[[Job], bool | None] | None = None
 
     def start(self) -> None:
         """Start the pool's threads or processes."""
@@ -155,8 +157,9 @@ class ThreadPool(Pool):
                 return
             job, done = item
             try:
-                if self.on_start is not None:
-                    self.on_start(job)
+                if self.on_start is not None and self.on_start(job) is False:
+                    self._give()
+                    continue
                 outcome = execute(self.app, job)
             except BaseException as exc:  # execute() does not raise; this is a last guard
                 outcome = Outcome(job.id, job.attempt, LOST, time.time(), 0.0, error=repr(exc))
@@ -344,8 +347,11 @@ class PreforkPool(Pool):
                 child.job, child.done = job, done
                 child.submitted = time.time()
                 child.deadline = time.monotonic() + job.time_limit if job.time_limit else None
-            if self.on_start is not None:
-                self.on_start(job)
+            if self.on_start is not None and self.on_start(job) is False:
+                with self._lock:
+                    child.job = child.done = child.deadline = None
+                    self._busy -= 1
+                continue
             # On a broken pipe the reader sees the dead child and reports the job lost.
             with contextlib.suppress(BrokenPipeError, OSError):
                 child.conn.send(job)

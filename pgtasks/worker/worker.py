@@ -571,10 +571,28 @@ class Worker:
         """Claimed jobs not started yet: buffered here or queued in the pool."""
         return len(self._buffer) + self.pool.waiting()
 
-    def _started(self, job: ex.Job) -> None:
+    def _started(self, job: ex.Job) -> bool:
+        """A pool is about to run ``job``: False when its lease was found lost while it waited
+        (another worker may run it already), and it is dropped instead."""
+        # Read without the lock: a lease found lost just after this only means the job runs
+        # and its outcome is discarded, as for a job that was running already.
+        entry = self._inflight.get(job.id)
+        if entry is not None and entry.lost and entry.task.attempt == job.attempt:
+            with self._lock:
+                if self._inflight.get(job.id) is entry:
+                    del self._inflight[job.id]
+            self.log.warning(
+                "task.skipped",
+                task_id=job.id,
+                attempt=job.attempt,
+                reason="its lease was lost before it started: another worker runs it",
+            )
+            self._wake.set()
+            return False
         if self._debug:
             self._log_started(job)
         self.metrics.started(job.name, job.queue)
+        return True
 
     def _log_started(self, job: ex.Job) -> None:
         self.log.debug(

@@ -265,6 +265,43 @@ def test_worker_discards_its_outcome_after_losing_the_lease(
     assert attempts(db, r.id) == [(1, worker.id, "lost"), (2, "thief", "completed")]
 
 
+def test_a_prefetched_task_whose_lease_was_lost_is_not_started(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: WorkerFactory, gate: threading.Event
+) -> None:
+    ran: list[str] = []
+
+    @app.task(name="leases.queued")
+    def queued(n: str) -> None:
+        ran.append(n)
+        if n == "first":
+            assert gate.wait(15)
+
+    # One slot and one prefetched row: "first" runs and holds the slot, "second" waits in the
+    # worker, claimed.
+    first = queued.apply_async(("first",), priority=9)
+    second = queued.apply_async(("second",))
+    with worker_factory(concurrency=1, prefetch_multiplier=2) as worker:
+        wait_until(lambda: ran == ["first"], what="the first task to start")
+        wait_until(lambda: status(db, second.id) == "RUNNING", what="the second to be claimed")
+        # Its lease runs out meanwhile and another worker takes it.
+        expire_lease(db, second.id)
+        [reclaimed] = app.broker.reclaim(3)
+        assert reclaimed["previous_owner"] == worker.id
+        [thief] = app.broker.claim("thief", ["celery"], 1, 30.0)
+        assert (thief.id, thief.attempt) == (second.id, 2)
+        wait_until(
+            lambda: any(e.lost for e in list(worker._inflight.values())),
+            what="the worker's renewal to find the lease lost",
+        )
+        gate.set()
+        assert first.get(timeout=10) is None
+        wait_until(lambda: not worker._inflight, what="the worker to drop the lost claim")
+        assert ran == ["first"]
+    row = task_row(db, second.id)
+    assert (row["status"], row["claimed_by"], row["attempt"]) == ("RUNNING", "thief", 2)
+    assert attempts(db, second.id) == [(1, worker.id, "lost")]
+
+
 # -- cancellation ---------------------------------------------------------------------------------
 
 

@@ -12,9 +12,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
 from pgtasks import Celery
 from pgtasks.worker.execute import LOST, SUCCESS, Job, Outcome
-from pgtasks.worker.pools import PreforkPool
+from pgtasks.worker.pools import PreforkPool, ThreadPool
 
 
 def job(name: str, i: int, *args: Any) -> Job:
@@ -123,3 +125,32 @@ def test_a_killed_child_loses_only_its_own_job() -> None:
         kinds = {o.id: o.kind for o in done.outcomes}
         assert kinds == {"job-0": LOST, **{f"job-{i}": SUCCESS for i in range(1, 6)}}
         assert pool.busy() == 0 and pool.waiting() == 0
+
+
+@pytest.mark.parametrize("kind", [PreforkPool, ThreadPool])
+def test_a_job_refused_as_it_starts_never_runs(kind: type[ThreadPool | PreforkPool]) -> None:
+    # The worker refuses a queued job whose lease was lost while it waited.
+    pool = kind(make_app(), concurrency=1)
+    pool.start()
+    try:
+        refused: list[str] = []
+
+        def on_start(j: Job) -> bool:
+            if j.id in ("job-1", "job-3"):
+                refused.append(j.id)
+                return False
+            return True
+
+        pool.on_start = on_start
+        done = Collector(3)
+        pool.submit(job("pool.pid", 0, 0.3), done)
+        for i in range(1, 5):
+            pool.submit(job("pool.pid", i), done)
+        assert done.all_in.wait(30), [o.id for o in done.outcomes]
+        time.sleep(0.2)
+        assert sorted(o.id for o in done.outcomes) == ["job-0", "job-2", "job-4"]
+        assert {o.kind for o in done.outcomes} == {SUCCESS}
+        assert refused == ["job-1", "job-3"]
+        assert pool.busy() == 0 and pool.waiting() == 0
+    finally:
+        pool.stop(wait=True)
