@@ -349,8 +349,7 @@ class PreforkPool(Pool):
                 child.deadline = time.monotonic() + job.time_limit if job.time_limit else None
             if self.on_start is not None and self.on_start(job) is False:
                 with self._lock:
-                    child.job = child.done = child.deadline = None
-                    self._busy -= 1
+                    self._free(child)
                 continue
             # On a broken pipe the reader sees the dead child and reports the job lost.
             with contextlib.suppress(BrokenPipeError, OSError):
@@ -368,12 +367,16 @@ class PreforkPool(Pool):
             os.kill(pid, signum)
         return True
 
+    def _free(self, child: _Child) -> None:
+        """``child`` takes a new job (call with the lock held)."""
+        child.job, child.done, child.deadline = None, None, None
+        child.revoked = None
+        self._busy -= 1
+
     def _finish(self, child: _Child, outcome: Outcome) -> None:
         done = child.done
         with self._lock:
-            child.job, child.done, child.deadline = None, None, None
-            child.revoked = None
-            self._busy -= 1
+            self._free(child)
         # The child's next job first: it runs while this outcome is passed on.
         self._dispatch()
         if done is not None:
