@@ -166,6 +166,16 @@ def test_a_task_handed_to_a_dead_worker_runs_after_its_lease(
     assert [(a, o) for a, _, o in attempts(db, sent.id)] == [(1, "lost"), (2, "completed")]
 
 
+def held_unknowingly(db: psycopg.Connection[Any], worker: str, task_id: str) -> None:
+    """Write a waiting row RUNNING for ``worker`` (attempt 1, a minute's lease) behind its
+    back, as a hand-off or a claim whose answer it has not read would have left it."""
+    db.execute(
+        "UPDATE tasks SET status = 'RUNNING', claimed_by = %s, attempt = 1, run_at = now(),"
+        " lease_until = now() + interval '1 minute' WHERE id = %s",
+        (worker, task_id),
+    )
+
+
 def test_a_worker_whose_listener_broke_finds_what_was_handed_to_it(
     app: Celery, db: psycopg.Connection[Any], worker_factory: Any
 ) -> None:
@@ -181,11 +191,7 @@ def test_a_worker_whose_listener_broke_finds_what_was_handed_to_it(
         # A task handed to the worker whose notification never came (the row is written
         # here by hand, as the hand-off would have written it).
         sent = missed.apply_async(countdown=3600)
-        db.execute(
-            "UPDATE tasks SET status = 'RUNNING', claimed_by = %s, attempt = 1, run_at = now(),"
-            " lease_until = now() + interval '1 minute' WHERE id = %s",
-            (worker.id, sent.id),
-        )
+        held_unknowingly(db, worker.id, sent.id)
         # Then the listening connection breaks: once back, the worker looks for such rows.
         channel = handoff_channel(app.broker.schema, worker.id)
         listener = one(
@@ -213,11 +219,7 @@ def test_a_row_both_claimed_and_adopted_runs_once(
         # A claim of this worker that has committed, its result not yet back (the row is
         # written here by hand, as the claim writes it) ...
         sent = twice.apply_async(countdown=3600)
-        db.execute(
-            "UPDATE tasks SET status = 'RUNNING', claimed_by = %s, attempt = 1, run_at = now(),"
-            " lease_until = now() + interval '1 minute' WHERE id = %s",
-            (worker.id, sent.id),
-        )
+        held_unknowingly(db, worker.id, sent.id)
         (row,) = app.broker.adopt(worker.id)
         # ... is found meanwhile by an adoption after the listener reconnected, and starts.
         worker._adopt()
