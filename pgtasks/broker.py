@@ -1110,7 +1110,14 @@ class Broker:
             },
         )
         assert row is not None
-        return Pruned(row["tasks"], row["results"], row["task_cutoff"], row["result_cutoff"])
+        return Pruned(
+            row["tasks"],
+            row["results"],
+            row["task_cutoff"],
+            row["result_cutoff"],
+            row["task_last"],
+            row["result_last"],
+        )
 
     def count_unfinished(self, queues: Sequence[str]) -> int:
         """Waiting (due or scheduled) and running tasks of ``queues``."""
@@ -1600,12 +1607,15 @@ def result_channel(schema: str) -> str:
 
 
 class Pruned(NamedTuple):
-    """What one prune call deleted, and the ages it deleted below (database clock)."""
+    """What one prune call deleted, the ages it deleted below (database clock), and the newest
+    finished time and result date among the rows it deleted (None: it deleted none)."""
 
     tasks: int
     results: int
     task_cutoff: datetime
     result_cutoff: datetime
+    task_last: datetime | None = None
+    result_last: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,9 @@ class Reclaimer:
     a long transaction elsewhere holds vacuum back, a call that reads the index from its oldest
     entry gets slower with every lease since; once a full call is slow (see ``Gate``), calls
     start where the last one that caught up ended, less ``FLOOR_MARGIN`` (a lease committed
-    later than that behind its own time is found by the next full call).
+    later than that behind its own time is found by the next full call). A call that comes back
+    full (a backlog: many workers lost at once) is followed by one that starts at the last
+    lease it took back, full or not, so a backlog is read once, not once per batch.
     """
 
     FLOOR_MARGIN = timedelta(seconds=2)
@@ -50,10 +52,12 @@ class Reclaimer:
         self.metrics: NullMetrics = NullMetrics()
         self.gate = Gate(slow=0.05, min_full_every=10.0)
         self._floor: datetime | None = None
+        #: The last call came back full: the next goes on from its floor.
+        self._backlog = False
 
     def run_once(self) -> int:
         started = time.monotonic()
-        full = self.gate.full_due(started)
+        full = self.gate.full_due(started) and not self._backlog
         rows, cutoff = self.broker.reclaim_from(
             None if full else self._floor, self.max_lost, self.BATCH, chord_ready=self.chord_ready
         )
@@ -61,6 +65,10 @@ class Reclaimer:
             self.gate.full_done(time.monotonic() - started, time.monotonic())
         if len(rows) < self.BATCH:
             self._floor = cutoff - self.FLOOR_MARGIN
+            self._backlog = False
+        else:
+            self._floor = max(row["expired_at"] for row in rows)
+            self._backlog = True
         self._unblock()
         if rows:
             self.metrics.reclaimed(len(rows), sum(r["status"] == "DEAD" for r in rows))
@@ -99,10 +107,15 @@ class Pruner:
     """Retention, batch by batch.
 
     While a long transaction elsewhere holds vacuum back, the entries of every row deleted since
-    stay in the retention indexes, and a pass that reads them from the oldest entry visits them
-    all again. Once a full pass's first statement is slow (see ``Gate``), passes start where the
-    last one that caught up ended, less ``FLOOR_MARGIN`` (a row committed later than that behind
-    its own timestamp is taken by the next full pass).
+    stay in the retention indexes, and a statement that reads them from the oldest entry visits
+    them all again. Once a full pass's first statement is slow (see ``Gate``), passes start where
+    the last one that caught up ended, less ``FLOOR_MARGIN`` (a row committed later than that
+    behind its own timestamp is taken by the next full pass).
+
+    Within a pass, and from one pass to the next while a backlog lasts, a statement starts
+    where the last full one stopped (rows are deleted oldest first): only a full pass's first
+    statement reads from the oldest entry, so a backlog costs its own size, not its size times
+    everything the held snapshot keeps.
     """
 
     FLOOR_MARGIN = timedelta(seconds=2)
@@ -113,6 +126,8 @@ class Pruner:
         self.result_age = result_age
         self.gate = Gate(slow=0.1, min_full_every=10.0)
         self._floors: tuple[datetime | None, datetime | None] = (None, None)
+        #: The last statement came back full: the next pass goes on from the floors.
+        self._backlog = False
 
     #: Rows of each kind one statement deletes: small, so that each statement holds a core only
     #: for milliseconds and a busy queue's claims and completions never wait behind it.
@@ -124,28 +139,35 @@ class Pruner:
     def run_once(self) -> tuple[int, int]:
         """Delete what is past retention, batch after batch while batches come back full."""
         started = time.monotonic()
-        full = self.gate.full_due(started)
+        full = self.gate.full_due(started) and not self._backlog
+        floors = (None, None) if full else self._floors
         tasks = results = 0
         for i in range(self.MAX_BATCHES):
-            floors = (None, None) if full else self._floors
             p = self.broker.prune(self.task_age, self.result_age, self.BATCH, floors)
             if full and i == 0:
                 self.gate.full_done(time.monotonic() - started, time.monotonic())
             tasks += p.tasks
             results += p.results
             # A kind whose batch came back short is done up to its cutoff: the next pass can
-            # start there.
-            task_floor, result_floor = floors
-            if p.tasks < self.BATCH:
-                task_floor = p.task_cutoff - self.FLOOR_MARGIN
-            if p.results < self.BATCH:
-                result_floor = p.result_cutoff - self.FLOOR_MARGIN
-            self._floors = (task_floor, result_floor)
-            if p.tasks < self.BATCH and p.results < self.BATCH:
+            # start there. One whose batch came back full goes on from its newest deleted row.
+            floors = (
+                self._next_floor(p.tasks, p.task_cutoff, p.task_last, floors[0]),
+                self._next_floor(p.results, p.result_cutoff, p.result_last, floors[1]),
+            )
+            self._floors = floors
+            self._backlog = p.tasks >= self.BATCH or p.results >= self.BATCH
+            if not self._backlog:
                 break
         if tasks or results:
             log.debug("maintenance.pruned", tasks=tasks, results=results)
         return tasks, results
+
+    def _next_floor(
+        self, deleted: int, cutoff: datetime, last: datetime | None, floor: datetime | None
+    ) -> datetime | None:
+        if deleted < self.BATCH:
+            return cutoff - self.FLOOR_MARGIN
+        return last if last is not None else floor
 
 
 class Maintenance(threading.Thread):

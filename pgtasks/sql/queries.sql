@@ -518,8 +518,8 @@ DELETE FROM {schema}.concurrency_limits AS l
 -- Take back rows whose lease ran out (their worker died or lost the database): PENDING again,
 -- or DEAD with reason "worker lost" once the task has lost %(max_lost)s workers (since its last
 -- requeue from the dead letters, if any), giving a concurrency limit's count back. Returns the previous owner for the log, and the chord
--- a finished row belongs to (for its counter). Leases that ran out before %(floor)s (NULL: no
--- floor) are left to a later call without one.
+-- a finished row belongs to (for its counter), oldest lease first. Leases that ran out before
+-- %(floor)s (NULL: no floor) are left to a later call without one.
 WITH expired AS (
     SELECT id, claimed_by, attempt, lease_until
       FROM {schema}.tasks
@@ -540,7 +540,8 @@ WITH expired AS (
       FROM expired AS e
      WHERE t.id = e.id
     RETURNING t.id, t.name, t.queue, t.status, t.attempt, t.retries, e.claimed_by AS previous_owner,
-              t.headers ->> 'chord' AS chord, {schema}.concurrency_key(t.headers) AS limit_key
+              e.lease_until AS expired_at, t.headers ->> 'chord' AS chord,
+              {schema}.concurrency_key(t.headers) AS limit_key
 ), history AS (
     INSERT INTO {schema}.attempts (task_id, attempt, worker, outcome, error)
     SELECT d.id, d.attempt, d.previous_owner, 'lost', 'lease expired'
@@ -548,7 +549,8 @@ WITH expired AS (
     ON CONFLICT DO NOTHING
 -- insert: give_counts_back
 )
-SELECT id, name, queue, status, attempt, retries, previous_owner, chord, limit_key FROM done
+SELECT id, name, queue, status, attempt, retries, previous_owner, expired_at, chord, limit_key
+  FROM done
 
 -- name: transaction_time
 -- The current transaction's start on the database clock (what now() reads in its statements).
@@ -674,7 +676,9 @@ DELETE FROM {schema}.tasks
 -- Retention: remove finished rows (with their attempt history and effects), old results past
 -- their age, lapsed unique keys and week-old tick rows; at most %(limit)s of each per call (the
 -- pruner calls again while a call comes back full). Rows older than the floors (NULL: none) are
--- left to a later call without floors; the cutoffs come back to serve as the next floors.
+-- left to a later call without floors. Finished rows and results go oldest first; the newest
+-- of each deleted (task_last, result_last) is where a next call after a full one can start,
+-- and the cutoffs where one after a short call can.
 WITH tasks_gone AS (
     -- SKIP LOCKED: the pruners of several workers take disjoint rows instead of queueing
     -- behind each other's deletes.
@@ -686,9 +690,10 @@ WITH tasks_gone AS (
                              WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED')
                                AND updated_at < now() - make_interval(secs => %(task_age)s::float8)
                                AND updated_at >= COALESCE(%(task_floor)s::timestamptz, '-infinity')
+                             ORDER BY updated_at
                              LIMIT %(limit)s
                                FOR UPDATE SKIP LOCKED))
-    RETURNING id
+    RETURNING id, updated_at
 ), attempts_gone AS (
     DELETE FROM {schema}.attempts WHERE task_id = ANY(ARRAY(SELECT id FROM tasks_gone))
 ), effects_gone AS (
@@ -712,11 +717,14 @@ WITH tasks_gone AS (
      WHERE ctid = ANY(ARRAY(SELECT ctid FROM {schema}.results
                              WHERE date_done < now() - make_interval(secs => %(result_age)s::float8)
                                AND date_done >= COALESCE(%(result_floor)s::timestamptz, '-infinity')
+                             ORDER BY date_done
                              LIMIT %(limit)s
                                FOR UPDATE SKIP LOCKED))
-    RETURNING 1
+    RETURNING date_done
 )
 SELECT (SELECT count(*) FROM tasks_gone) AS tasks, (SELECT count(*) FROM results_gone) AS results,
+       (SELECT max(updated_at) FROM tasks_gone) AS task_last,
+       (SELECT max(date_done) FROM results_gone) AS result_last,
        now() - make_interval(secs => %(task_age)s::float8) AS task_cutoff,
        now() - make_interval(secs => %(result_age)s::float8) AS result_cutoff
 

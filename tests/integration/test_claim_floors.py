@@ -292,6 +292,65 @@ def test_prune_from_floors_takes_new_rows_and_a_full_pass_the_rest(
     assert one(db, "SELECT count(*) AS n FROM tasks")["n"] == 0
 
 
+def test_a_prune_backlog_is_read_from_where_each_batch_stopped(
+    app: Celery, db: psycopg.Connection[Any], pg_dsn: str, monkeypatch: Any
+) -> None:
+    # Under an old snapshot, a statement that starts from the oldest entry walks every row the
+    # pruner deleted since: through a backlog, each statement must start where the last one
+    # stopped, within a pass and into the next.
+    db.execute(
+        "INSERT INTO tasks (id, name, status, updated_at, payload)"
+        " SELECT gen_random_uuid()::text, 'floors.noop', 'COMPLETED',"
+        "        now() - interval '1 hour' + i * interval '1 second', '[[], {}, {}]'"
+        "   FROM generate_series(1, 45) AS i"
+    )
+    finished = [r[0] for r in db.execute("SELECT updated_at FROM tasks ORDER BY updated_at")]
+    pruner = Pruner(app.broker, task_age=60.0, result_age=86400.0)
+    pruner.gate = Gate(slow=0.0, min_full_every=60.0)
+    monkeypatch.setattr(Pruner, "BATCH", 10)
+    monkeypatch.setattr(Pruner, "MAX_BATCHES", 3)
+    floors: list[datetime | None] = []
+    prune = app.broker.prune
+
+    def spy(*args: Any) -> Any:
+        floors.append(args[3][0])
+        return prune(*args)
+
+    monkeypatch.setattr(app.broker, "prune", spy)
+    with held_snapshot(pg_dsn):
+        assert pruner.run_once() == (30, 0)
+        assert pruner.run_once() == (15, 0)
+    assert one(db, "SELECT count(*) AS n FROM tasks")["n"] == 0
+    # One statement from the oldest entry; the others from the newest row the last one took.
+    assert floors[:5] == [None, finished[9], finished[19], finished[29], finished[39]]
+
+
+def test_a_reclaim_backlog_goes_on_from_the_last_lease_taken_back(
+    app: Celery, db: psycopg.Connection[Any], monkeypatch: Any
+) -> None:
+    enqueue(db, [0] * 5)
+    ids = [r.id for r in app.broker.claim(WORKER, ["celery"], 5, 30.0)]
+    db.execute(
+        "UPDATE tasks SET lease_until = now() - interval '1 hour' + n * interval '1 second'"
+        "  FROM unnest(%s::text[]) WITH ORDINALITY AS o(id, n) WHERE tasks.id = o.id",
+        (ids,),
+    )
+    expiries = [r[0] for r in db.execute("SELECT lease_until FROM tasks ORDER BY lease_until")]
+    reclaimer = Reclaimer(app.broker, 3)
+    monkeypatch.setattr(Reclaimer, "BATCH", 2)
+    floors: list[datetime | None] = []
+    reclaim_from = app.broker.reclaim_from
+
+    def spy(floor: datetime | None, *args: Any, **kwargs: Any) -> Any:
+        floors.append(floor)
+        return reclaim_from(floor, *args, **kwargs)
+
+    monkeypatch.setattr(app.broker, "reclaim_from", spy)
+    assert [reclaimer.run_once() for _ in range(3)] == [2, 2, 1]
+    assert floors == [None, expiries[1], expiries[3]]
+    assert one(db, "SELECT count(*) AS n FROM tasks WHERE status = 'PENDING'")["n"] == 5
+
+
 def test_a_worker_on_floors_runs_every_task(app: Celery, worker_factory: Any) -> None:
     @app.task
     def mark(i: int) -> int:
