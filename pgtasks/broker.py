@@ -1614,8 +1614,8 @@ class Pruned(NamedTuple):
     results: int
     task_cutoff: datetime
     result_cutoff: datetime
-    task_last: datetime | None = None
-    result_last: datetime | None = None
+    task_last: datetime | None
+    result_last: datetime | None
 
 
 @dataclass(frozen=True)

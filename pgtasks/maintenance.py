@@ -151,8 +151,8 @@ class Pruner:
             # A kind whose batch came back short is done up to its cutoff: the next pass can
             # start there. One whose batch came back full goes on from its newest deleted row.
             floors = (
-                self._next_floor(p.tasks, p.task_cutoff, p.task_last, floors[0]),
-                self._next_floor(p.results, p.result_cutoff, p.result_last, floors[1]),
+                self._next_floor(p.tasks, p.task_cutoff, p.task_last),
+                self._next_floor(p.results, p.result_cutoff, p.result_last),
             )
             self._floors = floors
             self._backlog = p.tasks >= self.BATCH or p.results >= self.BATCH
@@ -162,12 +162,9 @@ class Pruner:
             log.debug("maintenance.pruned", tasks=tasks, results=results)
         return tasks, results
 
-    def _next_floor(
-        self, deleted: int, cutoff: datetime, last: datetime | None, floor: datetime | None
-    ) -> datetime | None:
-        if deleted < self.BATCH:
-            return cutoff - self.FLOOR_MARGIN
-        return last if last is not None else floor
+    def _next_floor(self, deleted: int, cutoff: datetime, last: datetime | None) -> datetime | None:
+        # A full batch deleted rows, so ``last`` is set then.
+        return cutoff - self.FLOOR_MARGIN if deleted < self.BATCH else last
 
 
 class Maintenance(threading.Thread):
