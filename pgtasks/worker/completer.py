@@ -34,6 +34,7 @@ class Completer(threading.Thread):
         on_written: Callable[[Final, str | None], None],
         max_batch: int = 1000,
         linger: float = 0.002,
+        busy_linger: float = 0.01,
     ) -> None:
         super().__init__(name="pgtasks-completer", daemon=True)
         self.broker = broker
@@ -41,8 +42,13 @@ class Completer(threading.Thread):
         self.on_written = on_written
         self.max_batch = max_batch
         # How long an outcome waits for others to share its statement: a few milliseconds
-        # turn a busy worker's one-row writes into batches of tens of rows.
+        # turn a busy worker's one-row writes into batches of tens of rows. While claimed
+        # tasks wait to start (``busy``), it waits longer: the next task is already there, so
+        # the wait delays no start, and each statement (and its commit's WAL flush) is shared
+        # by several times more rows.
         self.linger = linger
+        self.busy_linger = busy_linger
+        self.busy: Callable[[], bool] | None = None
         # Builds a chord's body when its last member finishes (set by the worker, which has
         # the app to decode results with); batches carrying canvas follow-ups need it.
         self.chord_ready: Callable[[Row, list[Row]], Plan] | None = None
@@ -72,8 +78,11 @@ class Completer(threading.Thread):
                     return
                 continue
             batch: list[Final] = [] if first is None else [first]
-            if first is not None and self.linger > 0 and not self._stop_requested.is_set():
-                time.sleep(self.linger)
+            if first is not None and not self._stop_requested.is_set():
+                busy = self.busy is not None and self.busy()
+                linger = self.busy_linger if busy else self.linger
+                if linger > 0:
+                    time.sleep(linger)
             while len(batch) < self.max_batch:
                 try:
                     item = self._queue.get_nowait()

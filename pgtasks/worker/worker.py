@@ -182,6 +182,7 @@ class Worker:
         self.pool.start()  # before any thread starts: prefork children are forked here
         self.completer = Completer(broker, self.id, self._written)
         self.completer.chord_ready = chord_body_builder(app)
+        self.completer.busy = self._has_backlog
         self.completer.metrics = self.metrics
         self.leases = LeaseKeeper(
             broker, self.id, self.lease, self._owned, self._lost, self._cancel
@@ -570,6 +571,10 @@ class Worker:
     def _backlog(self) -> int:
         """Claimed jobs not started yet: buffered here or queued in the pool."""
         return len(self._buffer) + self.pool.waiting()
+
+    def _has_backlog(self) -> bool:
+        """Whether claimed jobs wait to start (read by the completer's thread)."""
+        return self._backlog() > 0
 
     def _started(self, job: ex.Job) -> bool:
         """A pool is about to run ``job``: False when its lease was found lost while it waited
