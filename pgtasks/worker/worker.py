@@ -438,7 +438,12 @@ class Worker:
             # again elsewhere: late, never lost.
             self.log.error("worker.loop_error", during="hand-off", error=str(exc))
             self.metrics.loop_error("hand-off")
-        self._wake.set()
+        if self.pool.free_slots() > 0:
+            # Slots are still free: claim (and park again) for them. A worker whose slots
+            # are all taken now claims when a task ends (see _done), not while this one
+            # starts: it parked because nothing was due, and a claim now would only slow the
+            # start (tasks enqueued since wake it as ever).
+            self._wake.set()
 
     def _take(self, rows: list[ClaimedTask]) -> None:
         """Start rows this worker was handed (or found it holds), each once."""

@@ -150,6 +150,48 @@ def test_an_idle_worker_runs_a_delay_without_claiming_it(
     assert not parked(db, worker.id)
 
 
+def test_a_worker_with_no_slot_left_claims_when_its_handed_task_ends(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: Any
+) -> None:
+    """A claim sent while the handed task starts would find nothing (the worker parked because
+    nothing was due) and only slow the start: a worker whose one slot it took claims when
+    the task ends, and parks again then."""
+    started, release = threading.Event(), threading.Event()
+
+    @app.task(name="handoff.hold")
+    def hold() -> None:
+        started.set()
+        release.wait(10)
+
+    @app.task(name="handoff.quick")
+    def quick() -> int:
+        return 1
+
+    claims: list[int] = []
+    claim_all = app.broker.claim_all
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        claims.append(1)
+        return claim_all(*args, **kwargs)
+
+    app.broker.claim_all = spy  # type: ignore[method-assign]
+    # Polls far apart, so that every claim below is one the worker was woken for.
+    with worker_factory(concurrency=1, poll_interval=30.0) as worker:
+        wait_until(lambda: parked(db, worker.id), what="the worker to park")
+        # One run first: the worker then knows how long its tasks take and prefetches.
+        assert quick.delay().get(timeout=10) == 1
+        wait_until(lambda: parked(db, worker.id), what="the worker to park again")
+        before = len(claims)
+        held = hold.delay()
+        assert started.wait(10)
+        assert not release.wait(0.3)
+        assert len(claims) == before
+        release.set()
+        held.get(timeout=10)
+        wait_until(lambda: len(claims) > before, what="a claim once the task ended")
+        wait_until(lambda: parked(db, worker.id), what="the worker to park after it")
+
+
 def test_a_task_handed_to_a_dead_worker_runs_after_its_lease(
     app: Celery, db: psycopg.Connection[Any], worker_factory: Any
 ) -> None:
