@@ -87,7 +87,10 @@ class Settings(BaseSettings):
     prefetch_window: float = Field(
         default=0.05,
         ge=0,
-        description="Seconds of work a worker may claim beyond its free slots (0: none).",
+        description=(
+            "Seconds of work a worker may claim beyond its free slots, at most 250 rows a slot"
+            " (0: none)."
+        ),
     )
     lease_seconds: float = Field(default=30.0, gt=0.5)
     poll_interval: float = Field(default=0.5, gt=0)
