@@ -892,20 +892,22 @@ class Broker:
     ) -> dict[str, str]:
         """Fenced successes; returns id -> new status for the rows this worker still owned."""
         now = time.time()
-        outcomes = [
-            {
-                "id": i.id,
-                "attempt": i.attempt,
-                "store": i.store,
-                "content_type": i.content_type,
-                "result": base64.b64encode(i.result).decode("ascii")
-                if i.result is not None
-                else None,
-                "started_ago": _ago(i.started, now),
-                "state": i.state,
-            }
-            for i in items
-        ]
+        outcomes: list[dict[str, Any]] = []
+        for i in items:
+            # Only what differs from the statement's defaults: most outcomes keep no result.
+            outcome: dict[str, Any] = {"id": i.id, "attempt": i.attempt}
+            ago = _ago(i.started, now)
+            if ago is not None:
+                # Whole microseconds: an integer is written several times faster than a float.
+                outcome["started_us"] = round(ago * 1e6)
+            if i.store:
+                outcome["store"] = True
+                outcome["content_type"] = i.content_type
+                if i.result is not None:
+                    outcome["result"] = base64.b64encode(i.result).decode("ascii")
+            if i.state != "SUCCESS":
+                outcome["state"] = i.state
+            outcomes.append(outcome)
         return self._statuses(
             "complete_batch",
             {"worker": worker, "rows": json.dumps(outcomes, separators=(",", ":"))},

@@ -265,13 +265,17 @@ RETURNING t.id, t.cancel_requested
 -- attempt history. Returns the rows this worker still owned.
 WITH input AS (
     -- One json array of outcomes (result in base64): cheaper to write than one array per column.
-    -- started_ago: seconds since the run began, by the worker's clock, so that the start is
-    -- stored on the database clock whatever the worker's clock says.
-    SELECT i.id, i.attempt, i.store, i.content_type, decode(i.result, 'base64') AS result,
-           now() - make_interval(secs => i.started_ago) AS started_at, i.state
+    -- An outcome leaves out what it does not need: store, content_type and result when no
+    -- result is kept, state when it is SUCCESS.
+    -- started_us: microseconds since the run began, by the worker's clock, so that the start
+    -- is stored on the database clock whatever the worker's clock says.
+    SELECT i.id, i.attempt, COALESCE(i.store, false) AS store, i.content_type,
+           decode(i.result, 'base64') AS result,
+           now() - make_interval(secs => i.started_us / 1000000.0::float8) AS started_at,
+           COALESCE(i.state, 'SUCCESS') AS state
       FROM json_to_recordset(%(rows)s::json)
         AS i(id text, attempt int, store bool, content_type text, result text,
-             started_ago float8, state text)
+             started_us int8, state text)
 ), owned AS (
     -- Lock in id order (as renew_leases does) so two batches of one worker never deadlock.
     -- Only the primary key is read here: ownership is checked by the update below.

@@ -238,16 +238,7 @@ def test_fenced_writes_never_read_the_lease_index(
     ids, attempts = [r.id for r in claimed], [r.attempt for r in claimed]
     renew = {"worker": WORKER, "ids": ids, "attempts": attempts, "lease": 30.0}
     outcomes = [
-        {
-            "id": i,
-            "attempt": a,
-            "store": False,
-            "content_type": "application/json",
-            "result": "",
-            "started_ago": 0.0,
-            "state": "SUCCESS",
-        }
-        for i, a in zip(ids, attempts, strict=True)
+        {"id": i, "attempt": a, "started_us": 0} for i, a in zip(ids, attempts, strict=True)
     ]
     complete = {"worker": WORKER, "rows": json.dumps(outcomes)}
     for name, params in (("renew_leases", renew), ("complete_batch", complete)):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -439,3 +440,49 @@ def test_nothing_turns_cancelled_back_to_pending(
         assert {k: v for k, v in after[0].items() if k not in moved} == {
             k: v for k, v in before[0].items() if k not in moved
         }
+
+
+# -- completion --------------------------------------------------------------------------------
+
+
+def test_one_completion_statement_writes_each_outcome_as_it_came(
+    app: Celery, db: psycopg.Connection[Any], noop: Any
+) -> None:
+    """Outcomes leave out what they do not need (no result kept, state SUCCESS): each row of
+    one batch still gets its own state, result and start, the start on the database clock."""
+    ids = [noop.delay().id for _ in range(4)]
+    claimed = {r.id: r for r in app.broker.claim("w1", ["celery"], 4, 30.0)}
+    assert sorted(claimed) == sorted(ids)
+    kept, unkept, ignored, unstarted = (claimed[i] for i in ids)
+    value = encode({"n": 1}, "json").data
+    db_now = one(db, "SELECT now() AS now")["now"]
+    started = db_now - timedelta(seconds=2.5)
+    written = app.broker.complete(
+        "w1",
+        [
+            Success(kept.id, kept.attempt, True, JSON, value, started),
+            Success(unkept.id, unkept.attempt, False, JSON, None, started),
+            Success(ignored.id, ignored.attempt, True, JSON, None, started, state="IGNORED"),
+            Success(unstarted.id, unstarted.attempt, False, JSON, None, None),
+        ],
+    )
+    assert written == dict.fromkeys(ids, "COMPLETED")
+    results = {
+        r["task_id"]: (r["state"], r["result"] and bytes(r["result"]))
+        for r in rows(db, "SELECT task_id, state, result FROM results")
+    }
+    assert results == {kept.id: ("SUCCESS", value), ignored.id: ("IGNORED", None)}
+    history = {
+        r["task_id"]: r
+        for r in rows(db, "SELECT task_id, outcome, started_at, finished_at FROM attempts")
+    }
+    assert {i: history[i]["outcome"] for i in ids} == {
+        kept.id: "completed",
+        unkept.id: "completed",
+        ignored.id: "ignored",
+        unstarted.id: "completed",
+    }
+    assert history[unstarted.id]["started_at"] is None
+    for task_id in (kept.id, unkept.id, ignored.id):
+        ran = history[task_id]["finished_at"] - history[task_id]["started_at"]
+        assert timedelta(seconds=2.4) < ran < timedelta(seconds=10)
