@@ -8,6 +8,7 @@ never dropped by the worker itself; a row the worker no longer owns is discarded
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -21,6 +22,8 @@ from pgtasks.broker import Broker, Failure, Plan, Release, RetryAt, Row, Success
 from pgtasks.metrics import NullMetrics
 
 Final = Union[Success, Failure, RetryAt, Release]  # noqa: UP007 - a runtime alias on 3.10
+Conn = psycopg.Connection[Any] | None
+Writer = Callable[[str, list[Any], Conn], dict[str, str]]
 log = structlog.get_logger("pgtasks")
 
 
@@ -57,6 +60,9 @@ class Completer(threading.Thread):
         self._stop_requested = threading.Event()
         self.pending = 0
         self._lock = threading.Lock()
+        # The thread's own connection (see Broker.completion_connection), opened on first use
+        # and again after it broke; None behind PgBouncer, where the pool's connections serve.
+        self._conn: psycopg.Connection[Any] | None = None
 
     def put(self, item: Final) -> None:
         with self._lock:
@@ -70,6 +76,25 @@ class Completer(threading.Thread):
         self.join(timeout)
 
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            self._close()
+
+    def _connection(self) -> psycopg.Connection[Any] | None:
+        if not self.broker.async_claims:
+            return None
+        if self._conn is None or self._conn.closed:
+            self._conn = self.broker.completion_connection()
+        return self._conn
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
+
+    def _run(self) -> None:
         while True:
             try:
                 first = self._queue.get(timeout=0.5)
@@ -114,7 +139,7 @@ class Completer(threading.Thread):
                 self.pending -= len(items)
 
     def _with_retries(self, kind: type, items: list[Any]) -> dict[str, str]:
-        writers: dict[type, Callable[[str, list[Any]], dict[str, str]]] = {
+        writers: dict[type, Writer] = {
             Success: self.broker.complete,
             Failure: self.broker.fail,
             RetryAt: self.broker.retry,
@@ -123,24 +148,29 @@ class Completer(threading.Thread):
         write = writers[kind]
         chord_ready = self.chord_ready
         if chord_ready is not None and any(getattr(i, "followups", None) for i in items):
-            # Follow-ups are written in the transaction of the fenced outcome.
-            def write(worker: str, batch: list[Any]) -> dict[str, str]:
+            # Follow-ups are written in the transaction of the fenced outcome (on a pooled
+            # connection: the transaction spans several statements).
+            def write(worker: str, batch: list[Any], conn: Conn) -> dict[str, str]:
                 assert chord_ready is not None
                 return self.broker.finalise(worker, batch, chord_ready)
 
         delay = 0.1
         while True:
             try:
+                conn = self._connection()
                 try:
-                    return write(self.worker_id, items)
+                    return write(self.worker_id, items, conn)
                 except psycopg.OperationalError:
                     raise
                 except psycopg.Error as exc:
                     # One bad outcome must not block the batch: write them one by one.
                     log.error("worker.loop_error", during="finalise", error=str(exc).strip())
                     self.metrics.loop_error("finalise")
-                    return self._one_by_one(write, items)
+                    return self._one_by_one(write, items, conn)
             except psycopg.OperationalError as exc:
+                # The next attempt opens a new connection where this one broke.
+                if self._conn is not None and self._conn.broken:
+                    self._close()
                 log.warning(
                     "worker.db_unavailable",
                     during="finalise",
@@ -151,13 +181,11 @@ class Completer(threading.Thread):
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
-    def _one_by_one(
-        self, write: Callable[[str, list[Any]], dict[str, str]], items: list[Any]
-    ) -> dict[str, str]:
+    def _one_by_one(self, write: Writer, items: list[Any], conn: Conn) -> dict[str, str]:
         statuses: dict[str, str] = {}
         for item in items:
             try:
-                statuses.update(write(self.worker_id, [item]))
+                statuses.update(write(self.worker_id, [item], conn))
                 continue
             except psycopg.OperationalError:
                 raise

@@ -251,6 +251,23 @@ def test_claims_commit_asynchronously_on_the_worker_claim_connection(
     assert conn.closed  # closed with the worker
 
 
+def test_outcomes_commit_durably_on_the_worker_completion_connection(
+    app: Celery, worker_factory: WorkerFactory
+) -> None:
+    @app.task(name="claims.ping_outcome")
+    def ping() -> str:
+        return "pong"
+
+    with worker_factory(pool="threads", concurrency=1) as worker:
+        assert ping.delay().get(timeout=10) == "pong"
+        conn = worker.completer._conn
+        assert conn is not None and not conn.closed
+        # Outcomes are durable; their statements keep the plan made once.
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+        assert conn.execute("SHOW plan_cache_mode").fetchone() == ("force_generic_plan",)
+    assert conn.closed  # closed with the worker
+
+
 def test_claims_use_the_pool_without_prepared_statements(
     app: Celery, worker_factory: WorkerFactory
 ) -> None:
@@ -264,3 +281,4 @@ def test_claims_use_the_pool_without_prepared_statements(
     with worker_factory(pool="threads", concurrency=1) as worker:
         assert ping.delay().get(timeout=10) == "pong"
         assert worker._claim_conn is None
+        assert worker.completer._conn is None

@@ -6,6 +6,7 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
+import psycopg
 import pytest
 
 from pgtasks.broker import Success
@@ -16,10 +17,13 @@ from pgtasks.worker.completer import Completer
 class RecordingBroker:
     """Stands in for the broker: records each batch of successes and owns every row."""
 
+    # As behind PgBouncer: the completer writes on pooled connections.
+    async_claims = False
+
     def __init__(self) -> None:
         self.batches: list[list[str]] = []
 
-    def complete(self, worker: str, items: list[Success]) -> dict[str, str]:
+    def complete(self, worker: str, items: list[Success], conn: Any = None) -> dict[str, str]:
         self.batches.append([i.id for i in items])
         return {i.id: "COMPLETED" for i in items}
 
@@ -74,3 +78,52 @@ def test_without_a_view_of_the_backlog_the_short_linger_is_used(slept: list[floa
     run(completer, [success("a")], written)
     assert slept == [0.002]
     assert broker.batches == [["a"]]
+
+
+class FakeConnection:
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.closed = False
+        self.broken = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class ConnectionBroker(RecordingBroker):
+    """A broker whose workers write outcomes on a connection of their own; the first write on
+    the second connection finds it broken."""
+
+    async_claims = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened: list[FakeConnection] = []
+        self.used: list[int] = []
+
+    def completion_connection(self) -> FakeConnection:
+        self.opened.append(FakeConnection(len(self.opened) + 1))
+        return self.opened[-1]
+
+    def complete(self, worker: str, items: list[Success], conn: Any = None) -> dict[str, str]:
+        assert isinstance(conn, FakeConnection)
+        self.used.append(conn.number)
+        if conn.number == 1 and len(self.used) == 2:
+            conn.broken = True
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return super().complete(worker, items, conn)
+
+
+def test_outcomes_are_written_on_the_completers_own_connection_reopened_when_broken(
+    slept: list[float],
+) -> None:
+    broker = ConnectionBroker()
+    written = threading.Semaphore(0)
+    completer = Completer(broker, "w1", lambda item, status: written.release())  # type: ignore[arg-type]
+    run(completer, [success("a"), success("b"), success("c")], written)
+    # One connection for the first batch and the failed try of the second; the second
+    # batch is written again (after the back-off) on a new one, which the third reuses.
+    assert broker.used == [1, 1, 2, 2]
+    assert broker.batches == [["a"], ["b"], ["c"]]
+    assert slept == [0.002, 0.002, 0.1, 0.002]
+    assert [c.closed for c in broker.opened] == [True, True]
