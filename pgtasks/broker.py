@@ -920,8 +920,11 @@ class Broker:
             if i.state != "SUCCESS":
                 outcome["state"] = i.state
             outcomes.append(outcome)
+        # Most batches keep no result: their statement has no results part, whose statement
+        # triggers would fire for nothing.
+        stored = any(i.store for i in items)
         return self._statuses(
-            "complete_batch",
+            "complete_batch" if stored else "complete_batch_unstored",
             {"worker": worker, "rows": json.dumps(outcomes, separators=(",", ":"))},
             conn,
         )

@@ -2,8 +2,9 @@
 
 Each query starts with ``-- name: <name>`` followed by a one-line description. A part several
 queries share word for word is written once, after ``-- fragment: <name>``, and stands in each
-query as a line ``-- insert: <name>``. ``{schema}`` in the text is replaced by a quoted
-identifier through :mod:`psycopg.sql`, so no query is ever built by pasting user input together.
+query (or fragment) as a line ``-- insert: <name>``. ``{schema}`` in the text is replaced by a
+quoted identifier through :mod:`psycopg.sql`, so no query is ever built by pasting user input
+together.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ def raw_queries() -> dict[str, str]:
     for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
         (queries if kind == "name" else fragments)[name] = body.strip("\n")
     for name, body in queries.items():
-        body = _INSERT.sub(lambda m: fragments[m.group(1)], body)
+        # A fragment may insert another one.
+        while _INSERT.search(body):
+            body = _INSERT.sub(lambda m: fragments[m.group(1)], body)
         lines = [line for line in body.strip().splitlines() if not line.startswith("--")]
         queries[name] = "\n".join(lines).strip()
     return queries

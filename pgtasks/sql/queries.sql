@@ -263,39 +263,7 @@ RETURNING t.id, t.cancel_requested
 -- Fenced success for many tasks: COMPLETED (CANCELLED when a revoke arrived while it ran),
 -- result row where results are kept (state SUCCESS, or IGNORED for a task that raised Ignore),
 -- attempt history. Returns the rows this worker still owned.
-WITH input AS (
-    -- One json array of outcomes (result in base64): cheaper to write than one array per column.
-    -- An outcome leaves out what it does not need: store, content_type and result when no
-    -- result is kept, state when it is SUCCESS.
-    -- started_us: microseconds since the run began, by the worker's clock, so that the start
-    -- is stored on the database clock whatever the worker's clock says.
-    SELECT i.id, i.attempt, COALESCE(i.store, false) AS store, i.content_type,
-           decode(i.result, 'base64') AS result,
-           now() - make_interval(secs => i.started_us / 1000000.0::float8) AS started_at,
-           COALESCE(i.state, 'SUCCESS') AS state
-      FROM json_to_recordset(%(rows)s::json)
-        AS i(id text, attempt int, store bool, content_type text, result text,
-             started_us int8, state text)
-), owned AS (
-    -- Lock in id order (as renew_leases does) so two batches of one worker never deadlock.
-    -- Only the primary key is read here: ownership is checked by the update below.
-    SELECT t.id
-      FROM {schema}.tasks AS t
-     WHERE t.id = ANY(ARRAY(SELECT id FROM input)) AND t.claimed_by = %(worker)s
-     ORDER BY t.id
-       FOR UPDATE OF t
-), done AS (
-    UPDATE {schema}.tasks AS t
-       SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'COMPLETED' END,
-           error = CASE WHEN t.cancel_requested
-                        THEN 'revoked while running'
-                             || COALESCE(' by ' || (t.headers ->> 'revoked_by'), '') END,
-           claimed_by = NULL, lease_until = NULL, updated_at = now()
-      FROM input AS i
-     WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = i.id AND t.attempt = i.attempt
-       AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
-    RETURNING t.id, t.attempt, t.status, t.error, i.store, i.content_type, i.result,
-              i.started_at, i.state, {schema}.concurrency_key(t.headers) AS limit_key
+-- insert: completion_done
 ), saved AS (
     INSERT INTO {schema}.results AS r (task_id, state, content_type, result, traceback, date_done)
     SELECT d.id, CASE d.status WHEN 'COMPLETED' THEN d.state ELSE 'REVOKED' END,
@@ -305,17 +273,13 @@ WITH input AS (
     ON CONFLICT (task_id) DO UPDATE
        SET state = EXCLUDED.state, content_type = EXCLUDED.content_type,
            result = EXCLUDED.result, traceback = NULL, date_done = EXCLUDED.date_done
-), history AS (
-    INSERT INTO {schema}.attempts (task_id, attempt, worker, started_at, outcome, error)
-    SELECT d.id, d.attempt, %(worker)s, d.started_at,
-           CASE WHEN d.status = 'COMPLETED' AND d.state = 'IGNORED' THEN 'ignored'
-                ELSE lower(d.status) END,
-           d.error
-      FROM done AS d
-    ON CONFLICT DO NOTHING
--- insert: give_counts_back
-)
-SELECT id, status, limit_key FROM done
+-- insert: completion_history
+
+-- name: complete_batch_unstored
+-- complete_batch for a batch in which no outcome keeps a result: without the results part,
+-- whose statement triggers fire even when it writes no row.
+-- insert: completion_done
+-- insert: completion_history
 
 -- name: fail_batch
 -- Fenced terminal failure: FAILED (a non-retried error) or DEAD (retry budget spent, worker lost,
@@ -1361,3 +1325,55 @@ SELECT t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
        (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
        t.created_at, t.requeued_attempt, NULL::text AS set_aside
   FROM {schema}.tasks AS t
+
+-- fragment: completion_done
+-- The start of complete_batch and complete_batch_unstored: the outcomes, the ordered lock
+-- pass and the fenced update (its CTE "done").
+WITH input AS (
+    -- One json array of outcomes (result in base64): cheaper to write than one array per column.
+    -- An outcome leaves out what it does not need: store, content_type and result when no
+    -- result is kept, state when it is SUCCESS.
+    -- started_us: microseconds since the run began, by the worker's clock, so that the start
+    -- is stored on the database clock whatever the worker's clock says.
+    SELECT i.id, i.attempt, COALESCE(i.store, false) AS store, i.content_type,
+           decode(i.result, 'base64') AS result,
+           now() - make_interval(secs => i.started_us / 1000000.0::float8) AS started_at,
+           COALESCE(i.state, 'SUCCESS') AS state
+      FROM json_to_recordset(%(rows)s::json)
+        AS i(id text, attempt int, store bool, content_type text, result text,
+             started_us int8, state text)
+), owned AS (
+    -- Lock in id order (as renew_leases does) so two batches of one worker never deadlock.
+    -- Only the primary key is read here: ownership is checked by the update below.
+    SELECT t.id
+      FROM {schema}.tasks AS t
+     WHERE t.id = ANY(ARRAY(SELECT id FROM input)) AND t.claimed_by = %(worker)s
+     ORDER BY t.id
+       FOR UPDATE OF t
+), done AS (
+    UPDATE {schema}.tasks AS t
+       SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'COMPLETED' END,
+           error = CASE WHEN t.cancel_requested
+                        THEN 'revoked while running'
+                             || COALESCE(' by ' || (t.headers ->> 'revoked_by'), '') END,
+           claimed_by = NULL, lease_until = NULL, updated_at = now()
+      FROM input AS i
+     WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = i.id AND t.attempt = i.attempt
+       AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
+    RETURNING t.id, t.attempt, t.status, t.error, i.store, i.content_type, i.result,
+              i.started_at, i.state, {schema}.concurrency_key(t.headers) AS limit_key
+
+-- fragment: completion_history
+-- The end of complete_batch and complete_batch_unstored, after "done": attempt history and
+-- concurrency counts.
+), history AS (
+    INSERT INTO {schema}.attempts (task_id, attempt, worker, started_at, outcome, error)
+    SELECT d.id, d.attempt, %(worker)s, d.started_at,
+           CASE WHEN d.status = 'COMPLETED' AND d.state = 'IGNORED' THEN 'ignored'
+                ELSE lower(d.status) END,
+           d.error
+      FROM done AS d
+    ON CONFLICT DO NOTHING
+-- insert: give_counts_back
+)
+SELECT id, status, limit_key FROM done

@@ -241,7 +241,11 @@ def test_fenced_writes_never_read_the_lease_index(
         {"id": i, "attempt": a, "started_us": 0} for i, a in zip(ids, attempts, strict=True)
     ]
     complete = {"worker": WORKER, "rows": json.dumps(outcomes)}
-    for name, params in (("renew_leases", renew), ("complete_batch", complete)):
+    for name, params in (
+        ("renew_leases", renew),
+        ("complete_batch", complete),
+        ("complete_batch_unstored", complete),
+    ):
         assert index_reads(db, schema, name, params, "tasks_lease_idx") == 0, name
 
 
