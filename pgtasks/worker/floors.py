@@ -32,12 +32,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
 #: The range of the ``priority`` column (a 32-bit integer).
 PRIORITY_MIN = -(2**31)
 PRIORITY_MAX = 2**31 - 1
+
+#: The earliest time Python can hold: a row's '-infinity' (set by hand) reads as this.
+_EARLIEST = datetime.min.replace(tzinfo=timezone.utc)
 
 
 class _Claimed(Protocol):
@@ -145,6 +148,10 @@ class Floors:
                 self._floors.clear()
             floors = self._floors
             for row in claimed:
+                if not self._has_room_below(row.run_at):
+                    # Nothing can be due before such a row, and a floor a margin below it
+                    # cannot be written: it leaves the band's floor as it was.
+                    continue
                 key = (row.queue, row.priority)
                 floor = floors.get(key)
                 if floor is None or row.run_at > floor:
@@ -174,8 +181,18 @@ class Floors:
             gate.next_full = now + max(gate.min_full_every, gate.cost_factor * elapsed)
             for key, run_at in behind.items():
                 floor = self._floors.get(key)
-                if floor is not None:
+                if floor is None:
+                    continue
+                if self._has_room_below(run_at):
                     self._floors[key] = min(floor, run_at + self.margin)
+                else:
+                    # A row at the calendar's start ('-infinity'): the band is read in full,
+                    # as a gap, until claims learn its floor again.
+                    del self._floors[key]
+
+    def _has_room_below(self, moment: datetime) -> bool:
+        """Whether a floor a margin below ``moment`` can be written."""
+        return moment - _EARLIEST > self.margin
 
     def _plan(self, queues: Sequence[str], gaps: bool) -> FloorPlan:
         bands: dict[str, list[int]] = {q: [] for q in queues}

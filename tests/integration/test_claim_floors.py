@@ -358,3 +358,51 @@ def test_a_worker_on_floors_runs_every_task(app: Celery, worker_factory: Any) ->
         results.append(mark.apply_async((99,), eta=datetime.now(timezone.utc) - timedelta(hours=1)))
         wait_until(lambda: w._floors.active, timeout=10, what="claims from floors")
         assert [r.get(timeout=15) for r in results] == [*range(60), 99]
+
+
+def test_a_row_due_at_minus_infinity_leaves_the_floors_usable() -> None:
+    """'-infinity' (set by hand) reads as the earliest datetime, which has no room for the
+    margin below it: such a row never becomes a floor, and one found behind a floor makes
+    its band read in full until claims learn a floor again."""
+    floors = Floors(gate=Gate(slow=0.01, min_full_every=60.0))
+    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    earliest = datetime.min.replace(tzinfo=timezone.utc)
+
+    class Row:
+        def __init__(self, priority: int, run_at: datetime) -> None:
+            self.queue, self.priority, self.run_at = "a", priority, run_at
+
+    floors.record(None, [Row(0, earliest), Row(5, at), Row(5, earliest)], 1.0, 0.0)
+    plan = floors.plan(["a"])
+    assert plan is not None
+    assert list(zip(plan.band_priorities, plan.band_floors, strict=True)) == [
+        (5, at - floors.margin)
+    ]
+    assert (PRIORITY_MIN, 4) in zip(plan.gap_lows, plan.gap_highs, strict=True)
+    floors.probe_done({("a", 5): earliest}, 1.0, 61.0)
+    plan = floors.plan(["a"])
+    assert plan is not None
+    assert (plan.band_priorities, plan.gap_lows, plan.gap_highs) == (
+        [],
+        [PRIORITY_MIN],
+        [PRIORITY_MAX],
+    )
+
+
+def test_a_worker_on_floors_runs_a_row_due_at_minus_infinity(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: Any
+) -> None:
+    @app.task
+    def mark(i: int) -> int:
+        return i
+
+    with worker_factory(concurrency=2) as w:
+        w._floors.gate = Gate(slow=0.0, min_full_every=0.0, cost_factor=0.0)
+        first = [mark.delay(i) for i in range(5)]
+        assert [r.get(timeout=15) for r in first] == list(range(5))
+        assert w._floors.active
+        odd = mark.apply_async((99,), countdown=3600)
+        db.execute("UPDATE tasks SET run_at = '-infinity' WHERE id = %s", (odd.id,))
+        later = [mark.delay(i) for i in range(5, 10)]
+        assert [r.get(timeout=15) for r in later] == list(range(5, 10))
+        assert odd.get(timeout=15) == 99
