@@ -98,7 +98,8 @@ class _JsonLoader(Loader):
     reads it or raises its own error.
     """
 
-    _scan = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+    # A static method: without the C scanner, make_scanner returns a plain function.
+    _scan = staticmethod(json.scanner.make_scanner(json.JSONDecoder()))  # type: ignore[arg-type]
 
     def load(self, data: Buffer) -> Any:
         raw = data if isinstance(data, bytes) else bytes(data)

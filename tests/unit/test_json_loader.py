@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import json.scanner
 from typing import Any
 
 import pytest
@@ -48,3 +49,12 @@ def test_what_json_loads_refuses_fails_with_its_error(data: bytes) -> None:
 def test_what_the_scanner_alone_would_not_take_reads_as_json_loads_reads_it(data: bytes) -> None:
     loaded, expected = _JsonLoader(JSONB).load(data), json.loads(data)
     assert repr(loaded) == repr(expected)
+
+
+def test_the_loader_works_with_the_pure_python_scanner_too() -> None:
+    """Where the C scanner is missing, make_scanner returns a plain function."""
+
+    class PurePython(_JsonLoader):
+        _scan = staticmethod(json.scanner.py_make_scanner(json.JSONDecoder()))
+
+    assert PurePython(JSONB).load(b'{"a": [1, "b", null]}') == {"a": [1, "b", None]}
