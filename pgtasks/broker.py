@@ -50,7 +50,8 @@ Row = dict[str, Any]
 _T = TypeVar("_T")
 
 _FOREVER = datetime.max.replace(tzinfo=timezone.utc)
-_NEVER_BEFORE = datetime.min.replace(tzinfo=timezone.utc)
+#: The earliest time Python holds: what a row's '-infinity' (set by hand) reads as.
+NEVER_BEFORE = datetime.min.replace(tzinfo=timezone.utc)
 _TIMESTAMPTZ = psycopg.postgres.types["timestamptz"].oid
 
 
@@ -76,7 +77,7 @@ class _TimestamptzLoader(Loader):
         if data == self.infinity:
             return _FOREVER
         if data == self.minus_infinity:
-            return _NEVER_BEFORE
+            return NEVER_BEFORE
         value: datetime = self._load(data)
         return value
 
@@ -212,10 +213,10 @@ def handed_off(payload: str) -> tuple[ClaimedTask | None, str, str | None]:
         payload=text,
         payload_raw=base64.b64decode(raw) if raw is not None else None,
         headers=headers,
-        run_at=_moment(run_at) or _NEVER_BEFORE,
+        run_at=_moment(run_at) or NEVER_BEFORE,
         expires_at=_moment(expires_at),
         expired=bool(expired),
-        created_at=_moment(created_at) or _NEVER_BEFORE,
+        created_at=_moment(created_at) or NEVER_BEFORE,
         requeued_attempt=requeued_attempt,
     )
     return row, row.id, owner
@@ -388,11 +389,17 @@ class Broker:
         return psycopg.connect(self.dsn, autocommit=autocommit, context=_ADAPTERS)
 
     @property
-    def async_claims(self) -> bool:
-        """Whether workers claim on a connection of their own that commits without waiting for
-        the WAL flush. Not behind PgBouncer (``prepared_statements=False``), which would not
-        keep a session's settings."""
+    def own_connections(self) -> bool:
+        """Whether workers claim and write outcomes on connections of their own, with session
+        settings of their own (``claim_connection``, ``completion_connection``). Not behind
+        PgBouncer (``prepared_statements=False``), which would not keep a session's settings."""
         return self.prepare_threshold is not None
+
+    def _own_connection(self, *settings: str) -> psycopg.Connection[Any]:
+        """A worker's connection outside the pool, with ``settings``, keeping its cursors."""
+        conn = psycopg.connect(self.dsn, **self._conn_kwargs(*settings))
+        keep_cursors(conn)
+        return conn
 
     def claim_connection(self) -> psycopg.Connection[Any]:
         """A worker's connection for claims, with ``synchronous_commit`` off.
@@ -409,12 +416,7 @@ class Broker:
         the server plans a claim again for every execution (its custom plans look cheaper),
         and planning the claim takes longer than running it.
         """
-        conn = psycopg.connect(
-            self.dsn,
-            **self._conn_kwargs("synchronous_commit=off", "plan_cache_mode=force_generic_plan"),
-        )
-        keep_cursors(conn)
-        return conn
+        return self._own_connection("synchronous_commit=off", "plan_cache_mode=force_generic_plan")
 
     def completion_connection(self) -> psycopg.Connection[Any]:
         """A worker's connection for its outcomes (committed durably, as on any connection).
@@ -424,9 +426,7 @@ class Broker:
         on every connection the pool handed out, and planning a completion takes a third of
         the time of running one for tens of rows.
         """
-        conn = psycopg.connect(self.dsn, **self._conn_kwargs("plan_cache_mode=force_generic_plan"))
-        keep_cursors(conn)
-        return conn
+        return self._own_connection("plan_cache_mode=force_generic_plan")
 
     def listen_connection(self, *channels: str) -> psycopg.Connection[Any]:
         """A connection listening on the wake-up and cancel channels, and on ``channels``."""
@@ -906,6 +906,9 @@ class Broker:
         """Fenced successes; returns id -> new status for the rows this worker still owned."""
         now = time.time()
         outcomes: list[dict[str, Any]] = []
+        # Most batches keep no result: their statement has no results part, whose statement
+        # triggers would fire for nothing.
+        stored = False
         for i in items:
             # Only what differs from the statement's defaults: most outcomes keep no result.
             outcome: dict[str, Any] = {"id": i.id, "attempt": i.attempt}
@@ -914,6 +917,7 @@ class Broker:
                 # Whole microseconds: an integer is written several times faster than a float.
                 outcome["started_us"] = round(ago * 1e6)
             if i.store:
+                stored = True
                 outcome["store"] = True
                 outcome["content_type"] = i.content_type
                 if i.result is not None:
@@ -921,9 +925,6 @@ class Broker:
             if i.state != "SUCCESS":
                 outcome["state"] = i.state
             outcomes.append(outcome)
-        # Most batches keep no result: their statement has no results part, whose statement
-        # triggers would fire for nothing.
-        stored = any(i.store for i in items)
         return self._statuses(
             "complete_batch" if stored else "complete_batch_unstored",
             {"worker": worker, "rows": json.dumps(outcomes, separators=(",", ":"))},

@@ -82,7 +82,7 @@ class Completer(threading.Thread):
             self._close()
 
     def _connection(self) -> psycopg.Connection[Any] | None:
-        if not self.broker.async_claims:
+        if not self.broker.own_connections:
             return None
         if self._conn is None or self._conn.closed:
             self._conn = self.broker.completion_connection()

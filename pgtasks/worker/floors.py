@@ -32,15 +32,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Protocol
+
+from pgtasks.broker import NEVER_BEFORE
 
 #: The range of the ``priority`` column (a 32-bit integer).
 PRIORITY_MIN = -(2**31)
 PRIORITY_MAX = 2**31 - 1
-
-#: The earliest time Python can hold: a row's '-infinity' (set by hand) reads as this.
-_EARLIEST = datetime.min.replace(tzinfo=timezone.utc)
 
 
 class _Claimed(Protocol):
@@ -192,7 +191,7 @@ class Floors:
 
     def _has_room_below(self, moment: datetime) -> bool:
         """Whether a floor a margin below ``moment`` can be written."""
-        return moment - _EARLIEST > self.margin
+        return moment - NEVER_BEFORE > self.margin
 
     def _plan(self, queues: Sequence[str], gaps: bool) -> FloorPlan:
         bands: dict[str, list[int]] = {q: [] for q in queues}

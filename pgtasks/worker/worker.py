@@ -336,7 +336,7 @@ class Worker:
         (see Broker.claim_connection); with how many the claim took, blocked ones included."""
         broker = self.app.broker
         conn = None
-        if broker.async_claims:
+        if broker.own_connections:
             conn = self._claim_conn
             if conn is None or conn.closed:
                 conn = self._claim_conn = broker.claim_connection()

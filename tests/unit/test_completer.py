@@ -18,7 +18,7 @@ class RecordingBroker:
     """Stands in for the broker: records each batch of successes and owns every row."""
 
     # As behind PgBouncer: the completer writes on pooled connections.
-    async_claims = False
+    own_connections = False
 
     def __init__(self) -> None:
         self.batches: list[list[str]] = []
@@ -94,7 +94,7 @@ class ConnectionBroker(RecordingBroker):
     """A broker whose workers write outcomes on a connection of their own; the first write on
     the second connection finds it broken."""
 
-    async_claims = True
+    own_connections = True
 
     def __init__(self) -> None:
         super().__init__()
