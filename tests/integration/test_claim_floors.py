@@ -8,6 +8,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -60,15 +61,20 @@ def due_in_claim_order(db: psycopg.Connection[Any]) -> list[str]:
     ]
 
 
+@dataclass
+class Row:
+    """A claimed row as floors see it."""
+
+    queue: str
+    priority: int
+    run_at: datetime
+
+
 def test_a_plan_covers_every_priority_once() -> None:
     floors = Floors(gate=Gate(slow=0.01, min_full_every=60.0))
     at = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
-    class Row:
-        def __init__(self, queue: str, priority: int) -> None:
-            self.queue, self.priority, self.run_at = queue, priority, at
-
-    floors.record(None, [Row("a", 5), Row("a", 0), Row("b", PRIORITY_MAX)], 1.0, 0.0)
+    floors.record(None, [Row("a", 5, at), Row("a", 0, at), Row("b", PRIORITY_MAX, at)], 1.0, 0.0)
     plan = floors.plan(["a", "b", "c"])
     assert plan is not None
     assert list(zip(plan.band_queues, plan.band_priorities, strict=True)) == [
@@ -368,11 +374,7 @@ def test_a_row_due_at_minus_infinity_leaves_the_floors_usable() -> None:
     at = datetime(2026, 1, 1, tzinfo=timezone.utc)
     earliest = datetime.min.replace(tzinfo=timezone.utc)
 
-    class Row:
-        def __init__(self, priority: int, run_at: datetime) -> None:
-            self.queue, self.priority, self.run_at = "a", priority, run_at
-
-    floors.record(None, [Row(0, earliest), Row(5, at), Row(5, earliest)], 1.0, 0.0)
+    floors.record(None, [Row("a", 0, earliest), Row("a", 5, at), Row("a", 5, earliest)], 1.0, 0.0)
     plan = floors.plan(["a"])
     assert plan is not None
     assert list(zip(plan.band_priorities, plan.band_floors, strict=True)) == [

@@ -243,29 +243,19 @@ def test_claims_commit_asynchronously_on_the_worker_claim_connection(
     with worker_factory(pool="threads", concurrency=1) as worker:
         assert ping.delay().get(timeout=10) == "pong"
         conn = worker._claim_conn
+        outcomes = worker.completer._conn
         assert conn is not None and not conn.closed
-        # Claims only: the pool's connections (outcomes, renewals) keep durable commits.
+        assert outcomes is not None and not outcomes.closed
+        # Claims only: outcomes (on the completer's connection) and the pool's connections
+        # (renewals) keep durable commits.
         assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
+        assert outcomes.execute("SHOW synchronous_commit").fetchone() == ("on",)
         with app.broker.pool.connection() as pooled:
             assert pooled.execute("SHOW synchronous_commit").fetchone() == ("on",)
-    assert conn.closed  # closed with the worker
-
-
-def test_outcomes_commit_durably_on_the_worker_completion_connection(
-    app: Celery, worker_factory: WorkerFactory
-) -> None:
-    @app.task(name="claims.ping_outcome")
-    def ping() -> str:
-        return "pong"
-
-    with worker_factory(pool="threads", concurrency=1) as worker:
-        assert ping.delay().get(timeout=10) == "pong"
-        conn = worker.completer._conn
-        assert conn is not None and not conn.closed
-        # Outcomes are durable; their statements keep the plan made once.
-        assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
-        assert conn.execute("SHOW plan_cache_mode").fetchone() == ("force_generic_plan",)
-    assert conn.closed  # closed with the worker
+        # Claims and outcomes keep the plan made once.
+        for own in (conn, outcomes):
+            assert own.execute("SHOW plan_cache_mode").fetchone() == ("force_generic_plan",)
+    assert conn.closed and outcomes.closed  # closed with the worker
 
 
 def test_claims_use_the_pool_without_prepared_statements(
