@@ -17,7 +17,6 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
-from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import click
@@ -27,6 +26,7 @@ import structlog
 from pgtasks import logging as pglogging
 from pgtasks.cli.main import cli, get_app
 from pgtasks.cli.worker_flags import _create_pidfile, node_format
+from pgtasks.utils.signal_relay import SignalRelay
 
 if TYPE_CHECKING:
     from pgtasks.app import Celery
@@ -235,23 +235,21 @@ def beat(
 def _run(app: Celery, scheduler: Scheduler) -> None:
     stopped = threading.Event()
 
-    def handler(signum: int, frame: FrameType | None) -> None:
-        log.info("beat.stopping", signal=signal.Signals(signum).name)
+    def handler(signum: signal.Signals) -> None:
+        log.info("beat.stopping", signal=signum.name)
         stopped.set()
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        entries = scheduler.sync()
-        if not entries:
-            log.warning("beat.empty", hint="beat_schedule has no entries: nothing to enqueue")
-        log.info(
-            "beat.started",
-            entries=[e.name for e in entries],
-            max_interval=scheduler.max_interval,
-        )
-        scheduler.run(stopped)
+        with SignalRelay(handler, (signal.SIGTERM, signal.SIGINT), name="beat-signals"):
+            entries = scheduler.sync()
+            if not entries:
+                log.warning("beat.empty", hint="beat_schedule has no entries: nothing to enqueue")
+            log.info(
+                "beat.started",
+                entries=[e.name for e in entries],
+                max_interval=scheduler.max_interval,
+            )
+            scheduler.run(stopped)
     finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
         app.close()
     log.info("beat.shutdown")

@@ -32,6 +32,7 @@ from pgtasks.result import exception_to_dict
 from pgtasks.scheduler import BeatService, Scheduler
 from pgtasks.serialization import decode, encode
 from pgtasks.states import Status
+from pgtasks.utils.signal_relay import SignalRelay
 from pgtasks.worker import execute as ex
 from pgtasks.worker import task_signals, timelimits
 from pgtasks.worker.completer import Completer, Final
@@ -1019,28 +1020,29 @@ class Worker:
         if threading.current_thread() is not threading.main_thread():
             return
 
-        def handler(signum: int, frame: Any) -> None:
+        def handler(signum: signal.Signals) -> None:
             if self._stopping.is_set():
-                self.log.warning("worker.stopping", mode="cold", signal=signal.Signals(signum).name)
+                self.log.warning("worker.stopping", mode="cold", signal=signum.name)
                 signals.worker_shutting_down.send(
-                    sender=self.hostname, sig=signal.Signals(signum).name, how="Cold", exitcode=0
+                    sender=self.hostname, sig=signum.name, how="Cold", exitcode=0
                 )
                 self.stop(cold=True)
             else:
                 self.log.info(
                     "worker.stopping",
                     mode="warm",
-                    signal=signal.Signals(signum).name,
+                    signal=signum.name,
                     grace=self.shutdown_grace,
                     running=self.pool.busy(),
                 )
                 signals.worker_shutting_down.send(
-                    sender=self.hostname, sig=signal.Signals(signum).name, how="Warm", exitcode=0
+                    sender=self.hostname, sig=signum.name, how="Warm", exitcode=0
                 )
                 self.stop()
 
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
+        # Handled in a thread of their own: the main thread may be holding a lock the handler
+        # needs (the log writer's, an event's) when the signal lands.
+        SignalRelay(handler, (signal.SIGTERM, signal.SIGINT), name="worker-signals").install()
 
     def _shutdown(self, threads: list[Any]) -> None:
         if self._parked_at and self._unpark():
