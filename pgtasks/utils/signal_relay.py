@@ -17,6 +17,9 @@ from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any
 
+import structlog
+
+log = structlog.get_logger("pgtasks")
 Handler = Callable[[signal.Signals], None]
 
 
@@ -36,7 +39,10 @@ class SignalRelay:
 
     def _relay(self) -> None:
         while (signum := self._queue.get()) is not None:
-            self.handler(signal.Signals(signum))
+            try:
+                self.handler(signal.Signals(signum))
+            except Exception:  # the next signal must still be handled
+                log.exception("signal.handler_failed", signal=signal.Signals(signum).name)
 
     def install(self) -> SignalRelay:
         self._thread = threading.Thread(target=self._relay, name=self._name, daemon=True)

@@ -49,3 +49,39 @@ def test_a_signal_landing_while_the_log_lock_is_held_still_stops(signame: str) -
     lines = done.stdout.splitlines()
     assert lines[0] == f"stopping on {signame}"
     assert lines[1] == f"[('{signame}', 'relay')]"
+
+
+FAILING = textwrap.dedent(
+    """
+    import os, signal, threading, time
+    from pgtasks.utils.signal_relay import SignalRelay
+
+    calls = []
+    second = threading.Event()
+
+    def handler(signum):
+        calls.append(signum.name)
+        if len(calls) == 1:
+            raise RuntimeError("a broken shutdown receiver")
+        second.set()
+
+    with SignalRelay(handler, (signal.SIGTERM,)):
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while not calls and time.monotonic() < deadline:  # two signals in a row may merge
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert second.wait(5), calls
+    print(calls)
+    """
+)
+
+
+def test_a_handler_that_raises_still_sees_the_next_signal() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", FAILING], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "['SIGTERM', 'SIGTERM']"
+    assert "signal.handler_failed" in done.stdout + done.stderr
+    assert "a broken shutdown receiver" in done.stdout + done.stderr
