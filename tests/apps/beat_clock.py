@@ -19,6 +19,7 @@ from psycopg import sql
 
 from pgtasks import Celery, crontab
 from pgtasks.scheduler import Scheduler
+from pgtasks.utils.signal_relay import SignalRelay
 
 app = Celery("beatclock", set_as_current=False)
 app.conf.beat_schedule = {
@@ -49,11 +50,13 @@ def main() -> None:
         return row[0]  # type: ignore[no-any-return]
 
     stopped = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     scheduler = Scheduler(app, now=clock, max_interval=0.01)
-    scheduler.sync()
-    conn.execute("INSERT INTO beat_runners (pid) VALUES (%s)", (os.getpid(),))
-    scheduler.run(stopped)
+    # As `pgtasks beat` does: set from a handler in the main thread, the event could be waited
+    # on (its lock held) right where the signal lands.
+    with SignalRelay(lambda _: stopped.set(), (signal.SIGTERM,)):
+        scheduler.sync()
+        conn.execute("INSERT INTO beat_runners (pid) VALUES (%s)", (os.getpid(),))
+        scheduler.run(stopped)
 
 
 if __name__ == "__main__":
