@@ -39,10 +39,11 @@ class SignalRelay:
 
     def _relay(self) -> None:
         while (signum := self._queue.get()) is not None:
+            sig = signal.Signals(signum)
             try:
-                self.handler(signal.Signals(signum))
+                self.handler(sig)
             except Exception:  # the next signal must still be handled
-                log.exception("signal.handler_failed", signal=signal.Signals(signum).name)
+                log.exception("signal.handler_failed", signal=sig.name)
 
     def install(self) -> SignalRelay:
         self._thread = threading.Thread(target=self._relay, name=self._name, daemon=True)
