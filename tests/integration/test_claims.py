@@ -10,8 +10,11 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
 
 from pgtasks import Celery
+from pgtasks.broker import Broker
 from pgtasks.worker import Worker
 from tests.apps import coord
 from tests.apps.harness import (
@@ -255,7 +258,43 @@ def test_claims_commit_asynchronously_on_the_worker_claim_connection(
         # Claims and outcomes keep the plan made once.
         for own in (conn, outcomes):
             assert own.execute("SHOW plan_cache_mode").fetchone() == ("force_generic_plan",)
+        # No statement of a worker is compiled by JIT (see test_sessions_keep_the_dsn_options).
+        with app.broker.pool.connection() as pooled:
+            for session in (conn, outcomes, pooled):
+                assert session.execute("SHOW jit").fetchone() == ("off",)
     assert conn.closed and outcomes.closed  # closed with the worker
+
+
+def test_sessions_turn_jit_off_and_keep_the_dsn_options(
+    pg_dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With a large analyzed backlog the claim's plan costs more than jit_above_cost, and
+    # compiling it took far longer than running it: pgtasks' sessions turn JIT off. The
+    # options of the DSN (or of PGOPTIONS) are kept beside it, and win over pgtasks' own.
+    dsn = make_conninfo(pg_dsn, options="-c statement_timeout=4321 -c jit=on")
+    monkeypatch.setenv("PGOPTIONS", "-c lock_timeout=999")
+    broker = Broker(dsn, schema)
+    plain = Broker(pg_dsn, schema)
+    try:
+        own = [broker.claim_connection(), broker.completion_connection()]
+        with broker.pool.connection() as pooled:
+            for session in (*own, pooled):
+                assert session.execute("SHOW statement_timeout").fetchone() == ("4321ms",)
+                assert session.execute("SHOW jit").fetchone() == ("on",)  # the DSN's choice
+                assert session.execute("SHOW lock_timeout").fetchone() == ("0",)
+        assert own[0].execute("SHOW synchronous_commit").fetchone() == ("off",)
+        for conn in own:
+            conn.close()
+        # Without options in the DSN, PGOPTIONS is read as libpq would.
+        claims = plain.claim_connection()
+        with plain.pool.connection() as pooled:
+            for session in (claims, pooled):
+                assert session.execute("SHOW lock_timeout").fetchone() == ("999ms",)
+                assert session.execute("SHOW jit").fetchone() == ("off",)
+        claims.close()
+    finally:
+        broker.close()
+        plain.close()
 
 
 def test_claims_use_the_pool_without_prepared_statements(
