@@ -326,7 +326,6 @@ WITH input AS (
     SELECT d.id, d.attempt, %(worker)s, now() - make_interval(secs => i.started_ago),
            lower(d.status), d.error
       FROM done AS d JOIN input AS i USING (id)
-    ON CONFLICT DO NOTHING
 -- insert: give_counts_back
 )
 SELECT id, status, limit_key FROM done
@@ -377,7 +376,6 @@ WITH input AS (
            i.outcome, i.error
       FROM done AS d JOIN input AS i USING (id)
      WHERE i.outcome IS NOT NULL
-    ON CONFLICT DO NOTHING
 -- insert: give_counts_back
 )
 SELECT id, status, limit_key, run_at FROM done
@@ -514,7 +512,6 @@ WITH expired AS (
     INSERT INTO {schema}.attempts (task_id, attempt, worker, outcome, error)
     SELECT d.id, d.attempt, d.previous_owner, 'lost', 'lease expired'
       FROM done AS d
-    ON CONFLICT DO NOTHING
 -- insert: give_counts_back
 )
 SELECT id, name, queue, status, attempt, retries, previous_owner, expired_at, chord, limit_key
@@ -1000,7 +997,7 @@ SELECT t.id, t.name, t.queue, t.priority, t.status, t.run_at, t.expires_at, t.at
 SELECT attempt, worker, started_at, finished_at, outcome, error
   FROM {schema}.attempts
  WHERE task_id = %(id)s
- ORDER BY attempt
+ ORDER BY attempt, finished_at
 
 -- name: requeue_dead
 -- Dead letters back to PENDING, due now, with a fresh budget: retries 0, and the attempt moved
@@ -1035,7 +1032,6 @@ WITH picked AS (
     INSERT INTO {schema}.attempts (task_id, attempt, worker, started_at, outcome, error)
     SELECT d.id, d.attempt, %(by)s, now(), 'requeued', d.error
       FROM done AS d
-    ON CONFLICT DO NOTHING
 ), result_gone AS (
     DELETE FROM {schema}.results WHERE task_id IN (SELECT id FROM done)
 )
@@ -1373,7 +1369,6 @@ WITH input AS (
                 ELSE lower(d.status) END,
            d.error
       FROM done AS d
-    ON CONFLICT DO NOTHING
 -- insert: give_counts_back
 )
 SELECT id, status, limit_key FROM done

@@ -70,10 +70,8 @@ def status(db: psycopg.Connection[Any], task_id: str) -> str:
 
 def attempts(db: psycopg.Connection[Any], task_id: str) -> list[tuple[int, str, str]]:
     """The attempt history of a task as (attempt, worker, outcome)."""
-    return [
-        (r["attempt"], r["worker"], r["outcome"])
-        for r in rows(db, "SELECT * FROM attempts WHERE task_id = %s ORDER BY attempt", (task_id,))
-    ]
+    query = "SELECT * FROM attempts WHERE task_id = %s ORDER BY attempt, finished_at"
+    return [(r["attempt"], r["worker"], r["outcome"]) for r in rows(db, query, (task_id,))]
 
 
 def executions(db: psycopg.Connection[Any], task_id: str) -> list[Row]:

@@ -235,6 +235,25 @@ def test_stale_owner_writes_change_nothing(
     assert attempts(db, r.id) == [(1, "old-owner", "lost"), (2, "new-owner", "completed")]
 
 
+def test_history_keeps_every_run_end_when_an_attempt_number_repeats(
+    app: Celery, db: psycopg.Connection[Any], noop: Any
+) -> None:
+    # The history is a log with no unique key: a row whose attempt was set back by hand runs
+    # under a number the history holds already, and both ends are recorded.
+    r = noop.delay()
+    [first] = app.broker.claim("first-owner", ["celery"], 1, 30.0)
+    expire_lease(db, r.id)
+    assert len(app.broker.reclaim(3)) == 1
+    db.execute("UPDATE tasks SET attempt = 0 WHERE id = %s", (r.id,))
+    [second] = app.broker.claim("second-owner", ["celery"], 1, 30.0)
+    assert first.attempt == second.attempt == 1
+    assert _complete(app.broker, "second-owner", r.id, 1) == {r.id: "COMPLETED"}
+    assert attempts(db, r.id) == [(1, "first-owner", "lost"), (1, "second-owner", "completed")]
+    history = app.broker.task_detail(r.id)
+    assert history is not None
+    assert [a["outcome"] for a in history["attempts"]] == ["lost", "completed"]
+
+
 def test_worker_discards_its_outcome_after_losing_the_lease(
     app: Celery, db: psycopg.Connection[Any], worker_factory: WorkerFactory, gate: threading.Event
 ) -> None:
