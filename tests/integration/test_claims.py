@@ -258,7 +258,7 @@ def test_claims_commit_asynchronously_on_the_worker_claim_connection(
         # Claims and outcomes keep the plan made once.
         for own in (conn, outcomes):
             assert own.execute("SHOW plan_cache_mode").fetchone() == ("force_generic_plan",)
-        # No statement of a worker is compiled by JIT (see test_sessions_keep_the_dsn_options).
+        # No statement of a worker is compiled by JIT (see the test below).
         with app.broker.pool.connection() as pooled:
             for session in (conn, outcomes, pooled):
                 assert session.execute("SHOW jit").fetchone() == ("off",)
