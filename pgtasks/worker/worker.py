@@ -475,6 +475,9 @@ class Worker:
             if self._parked:
                 self._unpark()
             return
+        # Hand-offs can be heard now: an idle loop parks at once rather than at its next poll
+        # (its last claim found nothing but could not park while nothing listened).
+        self._wake.set()
         if not self._heard_before:
             self._heard_before = True
             return

@@ -6,6 +6,7 @@ a stop) still runs the task once."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -148,6 +149,22 @@ def test_an_idle_worker_runs_a_delay_without_claiming_it(
         assert [(a, o) for a, _, o in attempts(db, sent.id)] == [(1, "completed")]
     # Stopped: no longer parked.
     assert not parked(db, worker.id)
+
+
+def test_a_worker_whose_listener_connects_late_parks_without_waiting_for_a_poll(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: Any
+) -> None:
+    """The worker's first claim can find nothing before its listener is connected, when it
+    cannot park yet: the listener's connection wakes the loop, which parks then."""
+    listen_connection = app.broker.listen_connection
+
+    def slow(*channels: str) -> psycopg.Connection[Any]:
+        time.sleep(0.5)
+        return listen_connection(*channels)
+
+    app.broker.listen_connection = slow  # type: ignore[method-assign]
+    with worker_factory(concurrency=1, poll_interval=30.0) as worker:
+        wait_until(lambda: parked(db, worker.id), timeout=10.0, what="the worker to park")
 
 
 def test_a_worker_with_no_slot_left_claims_when_its_handed_task_ends(
