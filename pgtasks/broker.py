@@ -42,6 +42,7 @@ from pgtasks.exceptions import (
     QuotaExceeded,
 )
 from pgtasks.message import ClaimedTask, TaskMessage
+from pgtasks.serialization import one_shot
 from pgtasks.sql import queries
 
 if TYPE_CHECKING:
@@ -124,7 +125,7 @@ _ADAPTERS.register_loader("json", _JsonLoader)
 _ADAPTERS.register_loader("jsonb", _JsonLoader)
 
 # Headers as COPY sends them: compact json, like the json document of ``insert_tasks``.
-_HEADERS_ENCODER = json.JSONEncoder(separators=(",", ":"))
+_HEADERS_JSON = one_shot(json.JSONEncoder(separators=(",", ":")))
 
 
 # The attribute of a connection pgtasks opened that holds its cursors, one per row factory:
@@ -561,7 +562,7 @@ class Broker:
             "content_encoding": msg.body.content_encoding,
             "payload": msg.body.json_text,
             "payload_raw": msg.body.raw,
-            "headers": Jsonb(msg.headers),
+            "headers": _HEADERS_JSON(msg.headers),
             "max_retries": msg.max_retries,
         }
 
@@ -739,7 +740,7 @@ class Broker:
 
     def _copy_tasks(self, conn: psycopg.Connection[Any], msgs: Iterable[TaskMessage]) -> None:
         """COPY the rows in (a transaction of its own on an autocommit connection)."""
-        dumps = _HEADERS_ENCODER.encode
+        dumps = _HEADERS_JSON
         with conn.cursor() as cur, cur.copy(self._copy_statement) as copy:
             write = copy.write_row
             for m in msgs:

@@ -18,9 +18,51 @@ from kombu.utils import json as kombu_json
 
 JSON = "application/json"
 
+
+def one_shot(encoder: json.JSONEncoder) -> Callable[[Any], str]:
+    """``encoder.encode``, its C encoder built once rather than on every call.
+
+    ``JSONEncoder.encode`` builds a new C encoder for each value it writes, which costs twice
+    the writing of a short value. The text is the same; only a circular reference reads
+    differently (RecursionError, rather than ValueError). Falls back to ``encoder.encode``
+    where there is no C encoder, for settings it does not cover, and for a subclass that
+    writes its own way.
+    """
+    make = getattr(json.encoder, "c_make_encoder", None)
+    cls = type(encoder)
+    if (
+        make is None
+        or encoder.indent is not None
+        or encoder.sort_keys
+        or cls.encode is not json.JSONEncoder.encode
+        or cls.iterencode is not json.JSONEncoder.iterencode
+    ):
+        return encoder.encode
+    quote = json.encoder.encode_basestring_ascii
+    if not encoder.ensure_ascii:
+        quote = json.encoder.encode_basestring
+    write = make(
+        None,  # no markers: nothing to share between threads
+        encoder.default,
+        quote,
+        None,
+        encoder.key_separator,
+        encoder.item_separator,
+        False,
+        encoder.skipkeys,
+        encoder.allow_nan,
+    )
+    join = "".join
+
+    def encode(value: Any) -> str:
+        return join(write(value, 0))
+
+    return encode
+
+
 # kombu's json codec, with the encoder and decoder built once rather than on every call. Used
 # only while kombu's own json codec is the registered one (a replacement is always honoured).
-_JSON_ENCODER = kombu_json.JSONEncoder()
+_JSON_ENCODE = one_shot(kombu_json.JSONEncoder())
 _JSON_DECODER = json.JSONDecoder(object_hook=kombu_json.object_hook)
 
 
@@ -63,7 +105,7 @@ def _encode_json(value: Any) -> Encoded:
     if value is None:  # what most tasks return
         return _JSON_NULL
     try:
-        return Encoded(JSON, "utf-8", _JSON_ENCODER.encode(value).encode("utf-8"))
+        return Encoded(JSON, "utf-8", _JSON_ENCODE(value).encode("utf-8"))
     except Exception as exc:
         raise EncodeError(str(exc)) from exc
 

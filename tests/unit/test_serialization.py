@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 import uuid
 from datetime import date, datetime, time, timedelta, timezone
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kombu.utils import json as kombu_json
 
 from pgtasks.serialization import (
     JSON,
@@ -21,6 +23,7 @@ from pgtasks.serialization import (
     decode,
     encode,
     find_unencodable,
+    one_shot,
 )
 
 offsets = st.integers(min_value=-(23 * 60 + 59), max_value=23 * 60 + 59).map(
@@ -86,6 +89,35 @@ def test_args_kwargs_envelope_round_trips(args: list[Any], kwargs: dict[str, Any
     assert body.json_text is not None and body.raw is None
     back = decode(body.json_text, body.content_type, body.content_encoding, accept=["json"])
     assert same(back, [args, kwargs])
+
+
+encoders = [
+    kombu_json.JSONEncoder(),
+    json.JSONEncoder(separators=(",", ":")),
+    kombu_json.JSONEncoder(ensure_ascii=False),
+]
+
+
+@settings(deadline=None)
+@given(st.one_of(values, st.floats(), st.tuples(values, values)))
+def test_one_shot_writes_what_encode_writes(value: Any) -> None:
+    for encoder in encoders:
+        try:
+            expected = encoder.encode(value)
+        except TypeError as exc:
+            with pytest.raises(TypeError, match=str(exc).split(" is not")[0]):
+                one_shot(encoder)(value)
+        else:
+            assert one_shot(encoder)(value) == expected
+
+
+def test_one_shot_refuses_a_circular_value_and_settings_it_does_not_cover() -> None:
+    loop: list[Any] = []
+    loop.append(loop)
+    with pytest.raises(RecursionError):
+        one_shot(json.JSONEncoder())(loop)
+    indented = json.JSONEncoder(indent=2, sort_keys=True)
+    assert one_shot(indented)({"b": [1], "a": 2}) == indented.encode({"b": [1], "a": 2})
 
 
 def test_kombu_types_survive_exactly() -> None:
