@@ -199,11 +199,21 @@ def test_content_not_accepted_is_refused_before_it_is_unpickled(tmp_path: Any) -
         (b"\xff\xfe\xfa", JSON),
         (b'{"__type__": "martian", "__value__": 1}', JSON),
         (b"garbage", "application/x-python-serialize"),
+        (b"[[1], {}] [2]", JSON),
+        (b"[[1], {}]x", JSON),
+        (b"[[1], {}", JSON),
+        (b"   ", JSON),
     ],
 )
 def test_undecodable_data_raises_decode_error(data: bytes, content_type: str) -> None:
     with pytest.raises(DecodeError):
         decode(data, content_type, "utf-8", accept=["json", "pickle"])
+
+
+@pytest.mark.parametrize("data", [b"[[1], {}]", b" [[1], {}]", b"[[1], {}] \n", b"\t[[1],{}]\r\n"])
+def test_json_around_whitespace_reads_as_json(data: bytes) -> None:
+    assert decode(data, JSON, "utf-8", accept=["json"]) == [[1], {}]
+    assert decode(data.decode(), JSON, "utf-8", accept=["json"]) == [[1], {}]
 
 
 def test_unknown_content_type_is_refused() -> None:
