@@ -12,7 +12,6 @@ import base64
 import hashlib
 import itertools
 import json
-import json.scanner
 import math
 import os
 import threading
@@ -42,7 +41,7 @@ from pgtasks.exceptions import (
     QuotaExceeded,
 )
 from pgtasks.message import ClaimedTask, TaskMessage
-from pgtasks.serialization import one_shot
+from pgtasks.serialization import one_shot, whole_document
 from pgtasks.sql import queries
 
 if TYPE_CHECKING:
@@ -97,23 +96,20 @@ class _JsonLoader(Loader):
     psycopg's loader hands the bytes to ``json.loads``, which first works out their encoding
     in Python: several times the cost of the parse itself for the small headers of every
     claimed row. The server sends a document and nothing else, in the connection's encoding
-    (UTF-8 here); anything the scanner does not read to the end goes to ``json.loads``, which
-    reads it or raises its own error.
+    (UTF-8 here).
     """
 
-    # A static method: without the C scanner, make_scanner returns a plain function.
-    _scan = staticmethod(json.scanner.make_scanner(json.JSONDecoder()))  # type: ignore[arg-type]
+    # A static method: a plain function stored on the class.
+    _read = staticmethod(whole_document(json.JSONDecoder()))
 
     def load(self, data: Buffer) -> Any:
         raw = data if isinstance(data, bytes) else bytes(data)
         try:
-            text = raw.decode("utf-8")
-            value, end = self._scan(text, 0)
-        except (StopIteration, ValueError):
+            return self._read(raw.decode("utf-8"))
+        except ValueError:
+            # Not UTF-8, or not one document: json.loads works out the bytes' encoding (a
+            # byte order mark included), then reads them or raises its own error.
             return json.loads(raw)
-        if end != len(text):
-            return json.loads(raw)
-        return value
 
 
 #: The adapters of pgtasks' connections: psycopg's, with the timestamptz and json loaders above

@@ -61,14 +61,33 @@ def one_shot(encoder: json.JSONEncoder) -> Callable[[Any], str]:
     return encode
 
 
+def whole_document(decoder: json.JSONDecoder) -> Callable[[str], Any]:
+    """``decoder.decode``, by the decoder's scanner alone where the scanner reads the whole text.
+
+    ``JSONDecoder.decode`` matches whitespace before and after its scan, which costs as much as
+    scanning a short document. Text the scanner does not read to its end (leading or trailing
+    whitespace, extra data, nothing it can read) goes to ``decoder.decode``, which reads it or
+    raises its own error.
+    """
+    scan = json.scanner.make_scanner(decoder)  # type: ignore[arg-type]
+    slow = decoder.decode
+
+    def decode(text: str) -> Any:
+        try:
+            value, end = scan(text, 0)
+        except (StopIteration, ValueError):
+            return slow(text)
+        if end != len(text):
+            return slow(text)
+        return value
+
+    return decode
+
+
 # kombu's json codec, with the encoder and decoder built once rather than on every call. Used
 # only while kombu's own json codec is the registered one (a replacement is always honoured).
 _JSON_ENCODE = one_shot(kombu_json.JSONEncoder())
-_JSON_DECODER = json.JSONDecoder(object_hook=kombu_json.object_hook)
-# Its scanner alone: JSONDecoder.decode adds two whitespace matches around the scan, which cost
-# as much as scanning a short task body. Text the scanner does not read to its end (leading or
-# trailing whitespace, extra data) goes to the decoder, which reads it or says what is wrong.
-_JSON_SCAN = json.scanner.make_scanner(_JSON_DECODER)  # type: ignore[arg-type]
+_JSON_DECODE = whole_document(json.JSONDecoder(object_hook=kombu_json.object_hook))
 
 
 @dataclass(unsafe_hash=True)
@@ -141,13 +160,7 @@ def decode(
     if fast and _kombu_json_codec():
         try:
             text = data if isinstance(data, str) else bytes(data).decode("utf-8")
-            try:
-                value, end = _JSON_SCAN(text, 0)
-            except (StopIteration, ValueError):
-                return _JSON_DECODER.decode(text)
-            if end != len(text):
-                return _JSON_DECODER.decode(text)
-            return value
+            return _JSON_DECODE(text)
         except Exception as exc:
             raise DecodeError(str(exc)) from exc
     try:
