@@ -14,7 +14,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from pgtasks import Celery
-from pgtasks.broker import Broker
+from pgtasks.broker import Broker, Success
 from pgtasks.worker import Worker
 from tests.apps import coord
 from tests.apps.harness import (
@@ -28,6 +28,7 @@ from tests.apps.harness import (
 )
 
 WorkerFactory = Callable[..., AbstractContextManager[Worker]]
+JSON = "application/json"
 
 
 def test_worker_processes_never_share_a_task(
@@ -263,6 +264,58 @@ def test_claims_commit_asynchronously_on_the_worker_claim_connection(
             for session in (conn, outcomes, pooled):
                 assert session.execute("SHOW jit").fetchone() == ("off",)
     assert conn.closed and outcomes.closed  # closed with the worker
+
+
+def test_plans_made_on_an_empty_table_still_find_rows_by_index_when_it_grows(
+    app: Celery, db: psycopg.Connection[Any], schema: str
+) -> None:
+    # A worker's claim and outcome statements keep the generic plan made at their first
+    # executions. Made on an empty table, where reading the table is cheapest, such a plan
+    # read the whole table for every claim and completion once thousands of rows had come,
+    # until autovacuum's ANALYZE; the sessions rule that plan out.
+    broker = app.broker
+    claims, outcomes = broker.claim_connection(), broker.completion_connection()
+    try:
+
+        def seq_scans() -> int:
+            found = one(
+                db,
+                "SELECT seq_scan AS n FROM pg_stat_user_tables"
+                " WHERE schemaname = %s AND relname = 'tasks'",
+                (schema,),
+            )
+            return int(found["n"])
+
+        def claim(limit: int) -> list[Any]:
+            return broker.claim_all("plans@host", ["celery"], limit, 30.0, claims)
+
+        def complete(claimed: list[Any]) -> dict[str, str]:
+            done = [Success(r.id, r.attempt, False, JSON, None, None) for r in claimed]
+            return broker.complete("plans@host", done, outcomes)
+
+        ghost = Success("no-such-task", 1, False, JSON, None, None)
+        for _ in range(8):  # past the prepare threshold: the plans are made now
+            assert claim(10) == []
+            assert broker.complete("plans@host", [ghost], outcomes) == {}
+        db.execute(
+            "INSERT INTO tasks (id, name, payload)"
+            " SELECT gen_random_uuid()::text, 'plans.noop', '[[], {}, {}]'"
+            "   FROM generate_series(1, 5000)"
+        )
+        for conn in (claims, outcomes):
+            conn.execute("SELECT pg_stat_force_next_flush()")
+        before = seq_scans()
+        for _ in range(3):
+            claimed = claim(10)
+            assert len(claimed) == 10
+            assert set(complete(claimed).values()) == {"COMPLETED"}
+        for conn in (claims, outcomes):
+            conn.execute("SELECT pg_stat_force_next_flush()")
+            conn.execute("SELECT 1")  # the flush comes when the session is next idle
+        assert seq_scans() == before
+    finally:
+        claims.close()
+        outcomes.close()
 
 
 def test_sessions_turn_jit_off_and_keep_the_dsn_options(
