@@ -11,11 +11,13 @@ from pgtasks.bench import Options, _held_snapshot
 
 
 def held_horizons(db: psycopg.Connection[Any]) -> list[Any]:
-    """Sessions other than ``db``'s that pin the xmin horizon."""
+    """Sessions other than ``db``'s that pin the xmin horizon the way the bench does (other
+    tests running beside this one open short transactions of their own)."""
     found = db.execute(
         "SELECT backend_xmin FROM pg_stat_activity"
         " WHERE pid <> pg_backend_pid() AND state = 'idle in transaction'"
         "   AND backend_xmin IS NOT NULL AND datname = current_database()"
+        "   AND query = 'SELECT txid_current()'"
     ).fetchall()
     return [row[0] for row in found]
 

@@ -43,8 +43,11 @@ def test_a_running_task_sees_its_revoke_and_ends_revoked(
         result.revoke()
         assert seen.wait(10)
         wait_until(lambda: status(db, result.id) == "CANCELLED", what="the task to end")
-        # The worker heard of it from the notification, long before a renewal.
-        assert worker._inflight.get(result.id) is None
+        # The worker heard of it from the notification, long before a renewal; it forgets the
+        # task once the outcome's write has returned, a moment after the row changed.
+        wait_until(
+            lambda: worker._inflight.get(result.id) is None, timeout=5, what="the worker to let go"
+        )
     assert result.state == "REVOKED"
     row = one(db, "SELECT error FROM tasks WHERE id = %s", (result.id,))
     assert row["error"].startswith("revoked while running by ")
