@@ -135,6 +135,12 @@ class Signal:
         with self.lock:
             return [((key, skey), r) for key, skey, r in self._receivers]
 
+    @property
+    def connected(self) -> bool:
+        """Whether any receiver is connected, checked without the lock or a copy (the hot
+        paths ask this once or more per task, and most signals have no receiver)."""
+        return bool(self._receivers)
+
     def connect(self, *args: Any, **kwargs: Any) -> Any:
         """Connect a receiver: ``sig.connect(fun, sender=None, weak=True, dispatch_uid=None)``,
         or as a decorator, ``@sig.connect`` or ``@sig.connect(sender=task)``.
@@ -370,7 +376,7 @@ def send_before_publish(msg: TaskMessage, args: Any, kwargs: Any) -> None:
     Headers a receiver adds or changes are kept in the row's headers (the way tracing
     libraries pass context to the worker).
     """
-    if not before_task_publish.receivers:
+    if not before_task_publish.connected:
         return
     generated = _celery_headers(msg, args, kwargs)
     headers = {**generated, **msg.headers}
@@ -397,7 +403,7 @@ def send_before_publish(msg: TaskMessage, args: Any, kwargs: Any) -> None:
 def send_after_publish(msg: TaskMessage, args: Any, kwargs: Any) -> None:
     """``after_task_publish`` for one row just written (committed, unless the caller passed a
     connection inside its own transaction)."""
-    if not after_task_publish.receivers:
+    if not after_task_publish.connected:
         return
     after_task_publish.send(
         sender=msg.name,

@@ -395,7 +395,7 @@ class Task(Generic[P, R]):
             and self.unique_on is None
             and options.get("countdown") is None
             and not isinstance(options.get("expires"), (int, float, timedelta))
-            and not signals.before_task_publish.receivers
+            and not signals.before_task_publish.connected
         )
         make = self.message_maker(**options)
         bodies = []
@@ -410,11 +410,11 @@ class Task(Generic[P, R]):
             holders = [msg.id for msg in msgs]
         else:
             msgs = [make(args, kwargs, None) for args, kwargs in bodies]
-            if signals.before_task_publish.receivers:
+            if signals.before_task_publish.connected:
                 for msg, (args, kwargs) in zip(msgs, bodies, strict=True):
                     signals.send_before_publish(msg, args, kwargs)
             holders = self.app.broker.enqueue_many(msgs, conn=conn)
-        if signals.after_task_publish.receivers:
+        if signals.after_task_publish.connected:
             for msg, (args, kwargs), holder in zip(msgs, bodies, holders, strict=True):
                 if holder == msg.id:
                     signals.send_after_publish(msg, args, kwargs)

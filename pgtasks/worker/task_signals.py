@@ -63,7 +63,7 @@ class ExceptionInfo:
 
 def prerun(task: Task[Any, Any], job: Call) -> None:
     """``task_prerun``: before the task body runs."""
-    if signals.task_prerun.receivers:
+    if signals.task_prerun.connected:
         signals.task_prerun.send(
             sender=task, task_id=job.id, task=task, args=job.args, kwargs=job.kwargs
         )
@@ -75,7 +75,7 @@ def postrun(
     """``task_postrun``: after the task ran, whatever the outcome. ``request`` is pushed again
     for receivers when the caller already popped it (they read ``sender.request``, as in
     Celery, where the request is popped only after this signal)."""
-    if not signals.task_postrun.receivers:
+    if not signals.task_postrun.connected:
         return
     with _pushed(task, request):
         signals.task_postrun.send(
@@ -91,7 +91,7 @@ def postrun(
 
 def success(task: Task[Any, Any], result: Any, request: Request | None = None) -> None:
     """``task_success``: the task returned ``result`` (``request`` as for :func:`postrun`)."""
-    if not signals.task_success.receivers:
+    if not signals.task_success.connected:
         return
     with _pushed(task, request):
         signals.task_success.send(sender=task, result=result)
@@ -117,7 +117,7 @@ def failure(
 ) -> None:
     """``task_failure``: the task failed for good with ``exc`` (``request`` as for
     :func:`postrun`)."""
-    if not signals.task_failure.receivers:
+    if not signals.task_failure.connected:
         return
     with _pushed(task, request):
         signals.task_failure.send(
@@ -135,7 +135,7 @@ def retry(
     task: Task[Any, Any], request: Request, reason: BaseException, cause: BaseException
 ) -> None:
     """``task_retry``: the task asked to run again; ``reason`` is the ``Retry`` exception."""
-    if signals.task_retry.receivers:
+    if signals.task_retry.connected:
         signals.task_retry.send(
             sender=task, request=request, reason=reason, einfo=ExceptionInfo(cause)
         )
@@ -152,7 +152,7 @@ def revoked(
     """``task_revoked`` from the worker's main process: the row expired before it ran, or was
     cancelled while it ran (``signum``: the signal its process was stopped with, for
     ``revoke(terminate=True)`` on the prefork pool)."""
-    if not signals.task_revoked.receivers:
+    if not signals.task_revoked.connected:
         return
     request = Request(
         id=row.id,
@@ -181,7 +181,7 @@ def revoked(
 
 def unknown(worker: Any, row: ClaimedTask) -> None:
     """``task_unknown``: the row names a task this worker has not registered."""
-    if signals.task_unknown.receivers:
+    if signals.task_unknown.connected:
         from pgtasks.exceptions import NotRegistered
 
         signals.task_unknown.send(
@@ -191,7 +191,7 @@ def unknown(worker: Any, row: ClaimedTask) -> None:
 
 def rejected(worker: Any, row: ClaimedTask, exc: BaseException) -> None:
     """``task_rejected``: the row cannot run at all (its payload does not decode)."""
-    if signals.task_rejected.receivers:
+    if signals.task_rejected.connected:
         from pgtasks.exceptions import InvalidTaskError
 
         error = InvalidTaskError(f"cannot decode payload of {row.name}[{row.id}]: {exc}")

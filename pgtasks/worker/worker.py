@@ -135,7 +135,7 @@ class Worker:
         self._scan = 0
         self._buffer: deque[ex.Job] = deque()
         self.log = log.bind(worker_id=self.id)
-        self._debug = log_enabled(self.log, logging.DEBUG)
+        self._read_levels()
         self._inflight: dict[str, InFlight] = {}
         self._backpressure = False
         self._claim_conn: psycopg.Connection[Any] | None = None
@@ -180,6 +180,8 @@ class Worker:
         broker.announce_tasks(self.id, app.registered())
 
         signals.worker_init.send(sender=self)
+        # worker_init receivers may have configured logging.
+        self._read_levels()
         self.metrics = create_metrics(self.id, broker, self.metrics_port, self.lease)
         self.pool = create_pool(self.pool_name, app, self.concurrency, self.max_tasks_per_child)
         self.pool.on_start = self._started
@@ -233,6 +235,12 @@ class Worker:
             self._loop()
         finally:
             self._shutdown(threads)
+
+    def _read_levels(self) -> None:
+        """Whether the worker's logger emits debug and info: read once (and again once
+        worker_init receivers ran), not on every task."""
+        self._debug = log_enabled(self.log, logging.DEBUG)
+        self._levels = (self._debug, log_enabled(self.log, logging.INFO))
 
     def stop(self, cold: bool = False) -> None:
         """Stop claiming; finish what runs (warm) or stop now (cold)."""
@@ -533,7 +541,7 @@ class Worker:
                 self._inflight[row.id] = InFlight(row)
             found = _JSON_TYPES.get(type(row.headers), type(row.headers).__name__)
             error = f"cannot decode headers: a JSON object is required, not {found}"
-            TaskLog(self.log, row).error(
+            TaskLog(self.log, row, self._levels).error(
                 "task.dead_lettered", reason="malformed headers", error=error
             )
             self.metrics.dead_lettered(row.name, row.queue, "malformed headers")
@@ -638,7 +646,7 @@ class Worker:
                 # reconnected) before the claim's own result is back, or the other way round.
                 return None
             self._inflight[row.id] = InFlight(row)
-        tlog = TaskLog(self.log, row)
+        tlog = TaskLog(self.log, row, self._levels)
         tlog.debug("task.claimed")
         self.metrics.claimed(row.name, row.queue)
         if self._stopping.is_set():
@@ -758,7 +766,7 @@ class Worker:
             return
         row = entry.task
         started = datetime.fromtimestamp(o.started, tz=timezone.utc)
-        tlog = TaskLog(self.log, row)
+        tlog = TaskLog(self.log, row, self._levels)
         result = o.result.data if o.result else None
         content_type = o.result.content_type if o.result else "application/json"
         final: Final
@@ -1091,17 +1099,21 @@ def log_enabled(log: Any, level: int) -> bool:
 class TaskLog:
     """A claimed row's logger, bound to its task id, name, queue and attempt on first use:
     most runs emit nothing at the worker's level, and binding per row would cost more than
-    running a short task."""
+    running a short task. ``levels`` are the worker's (see Worker._levels), read once."""
 
-    __slots__ = ("_bound", "_log", "_row")
+    __slots__ = ("_bound", "_levels", "_log", "_row")
 
-    def __init__(self, log: Any, row: ClaimedTask) -> None:
+    def __init__(self, log: Any, row: ClaimedTask, levels: tuple[bool, bool] | None = None) -> None:
         self._log = log
         self._row = row
         self._bound: Any = None
+        self._levels = levels
 
     def _enabled(self, level: int) -> bool:
-        return log_enabled(self._log, level)
+        levels = self._levels
+        if levels is None:
+            return log_enabled(self._log, level)
+        return levels[0] if level == logging.DEBUG else levels[1]
 
     def _logger(self) -> Any:
         if self._bound is None:
