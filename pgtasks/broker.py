@@ -1084,11 +1084,14 @@ class Broker:
         lease: float,
         seconds: float,
         skip_names: Sequence[str] = (),
+        handoff: bool = True,
     ) -> None:
-        """Let single enqueues to ``queues`` hand ``worker`` a task directly for the next
-        ``seconds`` (database clock), the row written RUNNING under ``lease`` and sent on
+        """Mark ``worker`` waiting for the next ``seconds`` (database clock): enqueues of due
+        tasks to ``queues`` notify it, and where ``handoff``, single enqueues to ``queues``
+        hand it a task directly, the row written RUNNING under ``lease`` and sent on
         ``handoff_channel`` (which the worker must be listening on); ``skip_names`` are
-        claimed the usual way only."""
+        claimed the usual way only. Single enqueues that looked for a waiting worker before
+        this and found none have committed when it returns: a claim after it sees them."""
         params = {
             "worker": worker,
             "channel": handoff_channel(self.schema, worker),
@@ -1096,13 +1099,20 @@ class Broker:
             "skip_names": list(skip_names),
             "lease": lease,
             "seconds": seconds,
+            "handoff": handoff,
+            "channel_due": notify_channel(self.schema),
         }
         self._all("park_worker", params)
 
-    def unpark(self, worker: str) -> None:
+    def unpark(self, worker: str, waking: float | None = None) -> None:
         """No more hand-offs to ``worker``: once this returns, any task handed to it before
-        is committed (and readable by ``adopt``)."""
-        self._all("unpark_worker", {"worker": worker})
+        is committed (and readable by ``adopt``). With ``waking``, enqueues go on notifying
+        it for that many seconds (it went back to work, and may wait again soon); without,
+        they stop."""
+        if waking is None:
+            self._all("unpark_worker", {"worker": worker})
+        else:
+            self._all("busy_worker", {"worker": worker, "seconds": waking})
 
     def adopt(self, worker: str, known: Iterable[str] = ()) -> list[ClaimedTask]:
         """``worker``'s RUNNING rows other than ``known``: tasks handed to it whose
@@ -1719,7 +1729,7 @@ class StoredResult:
 
 
 #: What the hand-off insert can meet where the plain one would not fail (also pgtasks.aio's).
-NO_HANDOFF = (errors.UndefinedTable, errors.InsufficientPrivilege)
+NO_HANDOFF = (errors.UndefinedTable, errors.UndefinedColumn, errors.InsufficientPrivilege)
 _INSERTS = (
     "insert_task",
     "insert_task_handoff",

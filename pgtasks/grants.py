@@ -56,6 +56,7 @@ FUNCTIONS = (
         "text, text, text, integer, integer, text, text, text, bytea, jsonb, timestamptz,"
         " timestamptz",
     ),
+    ("wake", "text"),
 )
 #: Tables a producer writes, and how.
 PRODUCER_TABLES = {

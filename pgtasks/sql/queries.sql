@@ -20,7 +20,8 @@ VALUES
 -- and hand_off): the row is written RUNNING for that worker, attempt 1 under its lease, and
 -- the worker is sent the row by NOTIFY. No worker parked: the row is written PENDING, as
 -- ever, at the cost of one look at an empty table. OFFSET 0 keeps "o" a subquery of its own,
--- so that hand_off runs once.
+-- so that hand_off runs once. A row left PENDING wakes a waiting worker itself (wake, which
+-- notifies only while one waits), and "gated" keeps the trigger tasks_notify_insert off.
 INSERT INTO {schema}.tasks
     (id, name, queue, priority, run_at, expires_at, content_type, content_encoding,
      payload, payload_raw, headers, max_retries, status, attempt, claimed_by, lease_until)
@@ -30,8 +31,13 @@ SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, o.run_at, o.expires_at,
        CASE WHEN (o.w).worker IS NULL THEN 'PENDING' ELSE 'RUNNING' END,
        CASE WHEN (o.w).worker IS NULL THEN 0 ELSE 1 END,
        (o.w).worker, now() + make_interval(secs => (o.w).lease)
-  FROM (SELECT CASE WHEN v.run_at <= now() AND (v.expires_at IS NULL OR v.expires_at > now())
-                     AND EXISTS (SELECT 1 FROM {schema}.parked_workers)
+  FROM (SELECT h.w, h.run_at, h.expires_at,
+               CASE WHEN (h.w).worker IS NULL AND h.run_at <= now()
+                    THEN {schema}.wake(%(queue)s::text) END AS woke,
+               set_config('pgtasks.gated', 'on', true) AS gated
+          FROM (
+        SELECT CASE WHEN v.run_at <= now() AND (v.expires_at IS NULL OR v.expires_at > now())
+                     AND EXISTS (SELECT 1 FROM {schema}.parked_workers WHERE handoff)
                     THEN {schema}.hand_off(
                              %(id)s::text, %(name)s::text, %(queue)s::text, %(priority)s::int,
                              %(max_retries)s::int, %(content_type)s::text,
@@ -45,6 +51,7 @@ SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, o.run_at, o.expires_at,
                        COALESCE(%(expires_at)s::timestamptz,
                                 now() + make_interval(secs => %(expires_in)s::float8))
                          AS expires_at) AS v
+        OFFSET 0) AS h
         OFFSET 0) AS o
 
 -- name: record_effect
@@ -597,19 +604,36 @@ ON CONFLICT (id) DO UPDATE
        concurrency = EXCLUDED.concurrency, heartbeat_at = now()
 
 -- name: park_worker
--- An idle worker waits here for a task handed to it by an enqueue (see insert_task), until
--- %(seconds)s from now by the database clock; parking again moves that on.
-INSERT INTO {schema}.parked_workers AS w (worker, channel, queues, skip_names, lease, until)
-VALUES (%(worker)s, %(channel)s, %(queues)s, %(skip_names)s, %(lease)s,
-        now() + make_interval(secs => %(seconds)s::float8))
+-- An idle worker waits here, until %(seconds)s from now by the database clock (parking again
+-- moves that on): for a task handed to it by an enqueue (see insert_task_handoff) where
+-- %(handoff)s, and for notifications of due rows either way (see notify_due). The lock waits
+-- for the single enqueues that looked for a waiting worker before this park and found none:
+-- they commit first, and the worker's next claim finds their rows.
+WITH gate AS (
+    SELECT pg_advisory_xact_lock(x'70677467'::int, hashtext(%(channel_due)s))
+)
+INSERT INTO {schema}.parked_workers AS w (worker, channel, queues, skip_names, lease, until,
+                                         handoff)
+SELECT %(worker)s, %(channel)s, %(queues)s, %(skip_names)s, %(lease)s,
+       now() + make_interval(secs => %(seconds)s::float8), %(handoff)s
+  FROM gate
 ON CONFLICT (worker) DO UPDATE
    SET channel = EXCLUDED.channel, queues = EXCLUDED.queues, skip_names = EXCLUDED.skip_names,
-       lease = EXCLUDED.lease, until = EXCLUDED.until
+       lease = EXCLUDED.lease, until = EXCLUDED.until, handoff = EXCLUDED.handoff
 
 -- name: unpark_worker
--- The worker is busy (or stopping): no more hand-offs. A producer handing it a task right now
--- holds the row's lock until its statement ends, and the delete waits for it.
+-- The worker is stopping, or cannot hear notifications: no more hand-offs or wake-ups. A
+-- producer handing it a task right now holds the row's lock until its statement ends, and the
+-- delete waits for it.
 DELETE FROM {schema}.parked_workers WHERE worker = %(worker)s
+
+-- name: busy_worker
+-- The worker went back to work: no more hand-offs (waiting as unpark_worker does for one being
+-- made), while enqueues go on waking it for %(seconds)s, in case its slots free up before it
+-- parks again.
+UPDATE {schema}.parked_workers
+   SET handoff = false, until = now() + make_interval(secs => %(seconds)s::float8)
+ WHERE worker = %(worker)s
 
 -- name: adopt
 -- This worker's RUNNING rows that it does not know it holds (handed off to it while it did not

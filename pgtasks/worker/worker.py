@@ -153,6 +153,9 @@ class Worker:
         self._parked = False
         self._parked_at = 0.0
         self._handoffs = 0
+        # When this worker's row in parked_workers (a park, with or without hand-offs, or the
+        # wake-ups kept after one) was last made current: enqueues notify while it is.
+        self._waking_at = 0.0
         self.park_seconds = max(self.PARK_SECONDS, 3 * self.poll_interval)
         # A park given up unused (the worker claimed work the usual way) is two statements for
         # nothing: under a steady flow of bulk enqueues that would be two per batch. So each
@@ -325,8 +328,9 @@ class Worker:
                     self._buffer.append(job)
             self._start_buffered()
             if claimed and self._parked:
-                # Busy again: a task handed here now would wait behind these.
-                self._unpark()
+                # Busy again: a task handed here now would wait behind these. Enqueues still
+                # wake it for a while, as its slots may free up before it parks again.
+                self._unpark(waking=True)
                 self._park_backoff = min(1.0, max(0.01, self._park_backoff * 2))
                 self._park_not_before = time.monotonic() + self._park_backoff
             if taken >= want:
@@ -336,8 +340,10 @@ class Worker:
                 self.log.info("worker.idle", reason="burst mode: no task left in its queues")
                 self._stopping.set()
                 break
-            if not taken:
-                self._park()
+            if self._park(hand_off=not taken):
+                # Enqueues that found no worker waiting as this one parked have committed:
+                # claim once more for their rows (later ones notify).
+                continue
             self._wake.wait(self.poll_interval)
 
     def _claim(self, want: int) -> tuple[list[ClaimedTask], int]:
@@ -395,46 +401,66 @@ class Worker:
 
     # -- direct hand-off -----------------------------------------------------------------------
 
-    def _park(self) -> None:
-        """Nothing is due and a slot is free: let the next single enqueue of a task that can
-        start now hand it straight to this worker (see Broker.park), renewed while idle."""
-        if not self.handoff or not self._listening or self._stopping.is_set():
-            return
+    def _park(self, hand_off: bool = True) -> bool:
+        """A slot is free and the last claim left it free: wait in parked_workers, so that
+        enqueues of due tasks notify this worker (they notify only while a worker waits), and
+        where ``hand_off`` (nothing was due) let the next single enqueue of a task that can
+        start now hand it straight here (see Broker.park). Renewed while idle. True when a
+        park was written: the caller claims once more."""
+        if not self.listen or not self._listening or self._stopping.is_set():
+            return False
         if self.pool.free_slots() <= 0:
-            return
+            return False
         now = time.monotonic()
-        if self._parked and now - self._parked_at < self.park_seconds / 3:
-            return
-        if not self._parked and now < self._park_not_before:
-            return
+        renew = self.park_seconds / 3
+        hand_off = hand_off and self.handoff and now >= self._park_not_before
+        if (self._parked or not hand_off) and now - self._waking_at < renew:
+            # Parked already, or waiting without hand-offs: only a row about to run out is
+            # written again.
+            return False
         handoffs = self._handoffs
         try:
             self.app.broker.park(
-                self.id, self.queues, self.lease, self.park_seconds, list(self._rate_intervals())
+                self.id,
+                self.queues,
+                self.lease,
+                self.park_seconds,
+                list(self._rate_intervals()),
+                handoff=hand_off,
             )
         except psycopg.Error as exc:
             self._parked = False
             self.log.warning("worker.db_unavailable", during="park", error=str(exc).strip())
-            return
+            return False
         # A task handed here while the statement ran has used this park up already.
-        self._parked = handoffs == self._handoffs
+        used = handoffs != self._handoffs
+        self._parked = hand_off and not used
         self._parked_at = now
+        self._waking_at = 0.0 if used else now
+        return True
 
-    def _unpark(self) -> bool:
-        """No more hand-offs here; False when the database could not be told."""
+    def _unpark(self, waking: bool = False) -> bool:
+        """No more hand-offs here (and, unless ``waking``, no more wake-ups); False when the
+        database could not be told."""
         self._parked = False
+        if not waking:
+            self._waking_at = 0.0
         try:
-            self.app.broker.unpark(self.id)
+            self.app.broker.unpark(self.id, self.park_seconds if waking else None)
         except psycopg.Error as exc:
             # The park runs out by itself; a task handed here meanwhile still runs here.
             self.log.warning("worker.db_unavailable", during="unpark", error=str(exc).strip())
             return False
+        if waking:
+            self._waking_at = time.monotonic()
         return True
 
     def _handed(self, payload: str) -> None:
         """A task handed to this worker by an enqueue (on the listener's thread): start it."""
         self._handoffs += 1
+        # The hand-off took this worker's row.
         self._parked = False
+        self._waking_at = 0.0
         self._park_backoff = self._park_not_before = 0.0
         try:
             row, task_id, owner = handed_off(payload)
@@ -477,15 +503,16 @@ class Worker:
         did not listen were never heard of, so they are looked up now, and no park is made
         while it cannot hear."""
         self._listening = listening
-        if not self.handoff:
-            return
         if not listening:
-            if self._parked:
+            if self._parked or self._waking_at:
                 self._unpark()
             return
-        # Hand-offs can be heard now: an idle loop parks at once rather than at its next poll
-        # (its last claim found nothing but could not park while nothing listened).
+        # Notifications (and hand-offs) can be heard now: an idle loop parks at once rather
+        # than at its next poll (its last claim found nothing but could not park while nothing
+        # listened).
         self._wake.set()
+        if not self.handoff:
+            return
         if not self._heard_before:
             self._heard_before = True
             return
@@ -1056,7 +1083,7 @@ class Worker:
         SignalRelay(handler, (signal.SIGTERM, signal.SIGINT), name="worker-signals").install()
 
     def _shutdown(self, threads: list[Any]) -> None:
-        if self._parked_at and self._unpark():
+        if (self._parked_at or self._waking_at) and self._unpark():
             # No more hand-offs; one made before the unpark is committed once it returns, and
             # handed back here (or by the listener, if it hears of it first).
             self._adopt()

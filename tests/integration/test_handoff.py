@@ -40,7 +40,9 @@ def notes(conn: psycopg.Connection[Any]) -> list[str]:
 
 
 def parked(db: psycopg.Connection[Any], worker: str) -> bool:
-    return bool(rows(db, "SELECT 1 FROM parked_workers WHERE worker = %s", (worker,)))
+    """Whether ``worker`` is parked for hand-offs (not only woken by notifications)."""
+    found = rows(db, "SELECT 1 FROM parked_workers WHERE worker = %s AND handoff", (worker,))
+    return bool(found)
 
 
 def test_an_enqueue_hands_a_parked_worker_its_claimed_row(
