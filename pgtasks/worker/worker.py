@@ -1083,7 +1083,7 @@ class Worker:
         SignalRelay(handler, (signal.SIGTERM, signal.SIGINT), name="worker-signals").install()
 
     def _shutdown(self, threads: list[Any]) -> None:
-        if (self._parked_at or self._waking_at) and self._unpark():
+        if self._parked_at and self._unpark():
             # No more hand-offs; one made before the unpark is committed once it returns, and
             # handed back here (or by the listener, if it hears of it first).
             self._adopt()
@@ -1130,17 +1130,14 @@ class TaskLog:
 
     __slots__ = ("_bound", "_levels", "_log", "_row")
 
-    def __init__(self, log: Any, row: ClaimedTask, levels: tuple[bool, bool] | None = None) -> None:
+    def __init__(self, log: Any, row: ClaimedTask, levels: tuple[bool, bool]) -> None:
         self._log = log
         self._row = row
         self._bound: Any = None
         self._levels = levels
 
     def _enabled(self, level: int) -> bool:
-        levels = self._levels
-        if levels is None:
-            return log_enabled(self._log, level)
-        return levels[0] if level == logging.DEBUG else levels[1]
+        return self._levels[0] if level == logging.DEBUG else self._levels[1]
 
     def _logger(self) -> Any:
         if self._bound is None:
