@@ -906,6 +906,12 @@ class Broker:
         with self.connection() as conn:
             return conn.execute(self.q["prune_concurrency_limits"], {"limit": limit}).rowcount
 
+    def prune_parked_workers(self, limit: int = 1000) -> int:
+        """Forget waits in parked_workers that ran out a minute ago or more (workers killed
+        while parked leave theirs); returns how many went."""
+        with self.connection() as conn:
+            return conn.execute(self.q["prune_parked_workers"], {"limit": limit}).rowcount
+
     def behind_floors(self, floors: FloorPlan) -> dict[tuple[str, int], datetime]:
         """For each of ``floors``' bands with due PENDING rows behind its floor, the earliest
         one's ``run_at`` (a read, no locks)."""

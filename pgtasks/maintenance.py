@@ -4,7 +4,8 @@
   owner; a task that has lost too many workers is dead-lettered ("worker lost"), never looped,
   and counted by its chord, if it belongs to one. It also moves on rows blocked by a
   concurrency limit whose key has room (a worker killed between ending a limited task and
-  moving its key's blocked rows leaves them so), and forgets the counts of idle keys.
+  moving its key's blocked rows leaves them so), forgets the counts of idle keys, and the
+  waits of workers killed while parked.
 - ``Pruner``: retention for finished rows and results.
 """
 
@@ -70,6 +71,7 @@ class Reclaimer:
             self._floor = max(row["expired_at"] for row in rows)
             self._backlog = True
         self._unblock()
+        self.broker.prune_parked_workers(self.BATCH)
         if rows:
             self.metrics.reclaimed(len(rows), sum(r["status"] == "DEAD" for r in rows))
         for row in rows:

@@ -37,7 +37,8 @@ SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, o.run_at, o.expires_at,
                set_config('pgtasks.gated', 'on', true) AS gated
           FROM (
         SELECT CASE WHEN v.run_at <= now() AND (v.expires_at IS NULL OR v.expires_at > now())
-                     AND EXISTS (SELECT 1 FROM {schema}.parked_workers WHERE handoff)
+                     AND EXISTS (SELECT 1 FROM {schema}.parked_workers
+                                  WHERE handoff AND until > now())
                     THEN {schema}.hand_off(
                              %(id)s::text, %(name)s::text, %(queue)s::text, %(priority)s::int,
                              %(max_retries)s::int, %(content_type)s::text,
@@ -634,6 +635,17 @@ DELETE FROM {schema}.parked_workers WHERE worker = %(worker)s
 UPDATE {schema}.parked_workers
    SET handoff = false, until = now() + make_interval(secs => %(seconds)s::float8)
  WHERE worker = %(worker)s
+
+-- name: prune_parked_workers
+-- Forget waits that ran out a minute ago or more: the rows of workers killed while they waited
+-- (a worker that stops deletes its own) and of workers busy since. Enqueues pass them over
+-- already; this keeps them from piling up, so that the look for a waiting worker stays a look
+-- at a few rows. A worker that parks again writes its row anew.
+DELETE FROM {schema}.parked_workers AS p
+ WHERE p.worker IN (SELECT q.worker FROM {schema}.parked_workers AS q
+                     WHERE q.until < now() - interval '1 minute'
+                     LIMIT %(limit)s
+                       FOR UPDATE SKIP LOCKED)
 
 -- name: adopt
 -- This worker's RUNNING rows that it does not know it holds (handed off to it while it did not

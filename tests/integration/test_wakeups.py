@@ -15,6 +15,7 @@ from psycopg import sql
 
 from pgtasks import Celery
 from pgtasks.broker import notify_channel
+from pgtasks.maintenance import Reclaimer
 from tests.apps.harness import rows, status, wait_until
 
 
@@ -178,3 +179,34 @@ def test_a_worker_back_at_work_is_still_woken_while_its_slots_free_up(
             assert echo.delay(5).get(timeout=10) == 5
         finally:
             gate.set()
+
+
+def test_the_waits_of_killed_workers_are_passed_over_then_forgotten(
+    app: Celery, db: psycopg.Connection[Any], woken: psycopg.Connection[Any]
+) -> None:
+    """A worker killed while parked leaves its row behind. Once its wait has run out (by the
+    database clock), enqueues neither hand it a task nor wake anyone for it, and the
+    reclaimer deletes the row a minute later; live waits stay."""
+
+    @app.task(name="wake.any")
+    def anything() -> None:
+        pass
+
+    app.broker.park("killed", ["celery"], 30.0, -61.0)
+    app.broker.park("just-ran-out", ["celery"], 30.0, -1.0)
+    app.broker.park("waiting", ["other"], 30.0, 60.0)
+
+    result = anything.delay()
+    assert status(db, result.id) == "PENDING"
+    assert wakeups(woken) == []
+
+    Reclaimer(app.broker, 3).run_once()
+    left = rows(db, "SELECT worker FROM parked_workers ORDER BY worker")
+    assert [r["worker"] for r in left] == ["just-ran-out", "waiting"]
+    # The row of a worker that parks again is written anew.
+    app.broker.park("killed", ["celery"], 30.0, 60.0)
+    handed = anything.delay()
+    assert rows(db, "SELECT claimed_by FROM tasks WHERE id = %s", (handed.id,)) == [
+        {"claimed_by": "killed"}
+    ]
+    assert wakeups(woken) == []
