@@ -136,11 +136,20 @@ _HEADERS_JSON = one_shot(json.JSONEncoder(separators=(",", ":")))
 # a statement on a kept cursor skips building a cursor, which costs as much client time as
 # sending and reading a short statement.
 _KEPT = "_pgtasks_cursors"
+#: The most cursors a connection keeps. Cursors are kept by row factory, and pgtasks uses a
+#: few fixed ones; a factory made anew for each statement would otherwise keep a cursor per
+#: statement, for as long as the connection lives.
+_KEPT_MAX = 8
 
 
 def keep_cursors(conn: psycopg.Connection[Any]) -> None:
     """Let ``conn``'s statements reuse cursors (for connections pgtasks opened and owns)."""
     setattr(conn, _KEPT, {})
+
+
+#: Claimed rows built positionally, as ClaimedTask (one factory for every claim, so that
+#: claims share one kept cursor).
+_CLAIMED_ROWS = args_row(ClaimedTask)
 
 
 # Forks of this process so far, as seen by the child (a pool is never shared across a fork).
@@ -524,6 +533,9 @@ class Broker:
                 return self._execute(cur, name, params)
         found = kept.get(row_factory)
         if found is None:
+            if len(kept) >= _KEPT_MAX:
+                with conn.cursor(row_factory=row_factory) as cur:
+                    return self._execute(cur, name, params)
             found = kept[row_factory] = conn.cursor(row_factory=row_factory)
         return self._execute(found, name, params)
 
@@ -873,7 +885,7 @@ class Broker:
             name = "claim_batch_from_floors"
             params.update(floors.params())
         # Columns come back in ClaimedTask's field order: built positionally, no dict per row.
-        rows: list[Any] = self._all(name, params, conn, row_factory=args_row(ClaimedTask))
+        rows: list[Any] = self._all(name, params, conn, row_factory=_CLAIMED_ROWS)
         # The statement returns its rows in no set order; they start in claim order.
         rows.sort(key=_claim_order)
         waiting = [r.headers for r in rows if r.set_aside == "PENDING" and r.headers]
@@ -1124,13 +1136,13 @@ class Broker:
         """``worker``'s RUNNING rows other than ``known``: tasks handed to it whose
         notification it missed."""
         params = {"worker": worker, "known": list(known)}
-        rows: list[Any] = self._all("adopt", params, row_factory=args_row(ClaimedTask))
+        rows: list[Any] = self._all("adopt", params, row_factory=_CLAIMED_ROWS)
         return rows
 
     def adopt_handed(self, worker: str, ids: Sequence[str]) -> list[ClaimedTask]:
         """The rows ``ids`` handed to ``worker`` (by notifications that carried ids only)."""
         params = {"worker": worker, "ids": list(ids)}
-        rows: list[Any] = self._all("adopt_handed", params, row_factory=args_row(ClaimedTask))
+        rows: list[Any] = self._all("adopt_handed", params, row_factory=_CLAIMED_ROWS)
         return rows
 
     # -- results and control -----------------------------------------------------------------

@@ -12,9 +12,10 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
+from psycopg.rows import args_row
 
 from pgtasks import Celery
-from pgtasks.broker import Broker, Success
+from pgtasks.broker import _KEPT, _KEPT_MAX, Broker, Success
 from pgtasks.worker import Worker
 from tests.apps import coord
 from tests.apps.harness import (
@@ -264,6 +265,35 @@ def test_claims_commit_asynchronously_on_the_worker_claim_connection(
             for session in (conn, outcomes, pooled):
                 assert session.execute("SHOW jit").fetchone() == ("off",)
     assert conn.closed and outcomes.closed  # closed with the worker
+
+
+def test_claims_reuse_one_cursor_however_many_there_are(
+    app: Celery, worker_factory: WorkerFactory
+) -> None:
+    """A worker's claim connection lives as long as the worker and keeps a cursor per kind of
+    row, not one per claim (which grew the worker's memory, and the pauses of Python's
+    collector, without end)."""
+
+    @app.task(name="claims.echo")
+    def echo(value: int) -> int:
+        return value
+
+    with worker_factory(pool="threads", concurrency=1) as worker:
+        for round in range(6):
+            # In bulk, so that they are claimed rather than handed to the idle worker.
+            results = echo.apply_many([(round * 3 + i,) for i in range(3)])
+            assert [r.get(timeout=10) for r in results] == [round * 3 + i for i in range(3)]
+        kept = getattr(worker._claim_conn, _KEPT)
+        assert 1 <= len(kept) <= 3
+
+
+def test_a_connection_keeps_a_few_cursors_at_most(app: Celery) -> None:
+    """A row factory made for each statement gets a cursor for that statement only."""
+    with app.broker.connection() as conn:
+        for _ in range(20):
+            factory = args_row(lambda now: now)
+            assert len(app.broker._all("transaction_time", {}, conn, row_factory=factory)) == 1
+        assert len(getattr(conn, _KEPT)) == _KEPT_MAX
 
 
 def test_plans_made_on_an_empty_table_still_find_rows_by_index_when_it_grows(
