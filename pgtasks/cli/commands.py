@@ -127,6 +127,7 @@ def worker(
             prefetch_multiplier=prefetch_multiplier,
             beat=beat,
             metrics_port=metrics_port,
+            freeze_gc=True,
             **flags.worker_options(),
         ).run()
 

@@ -4,6 +4,7 @@ claim and dispatch until told to stop, then shut down warm (or cold on a second 
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -92,6 +93,7 @@ class Worker:
         max_tasks_per_child: int | None = None,
         beat: bool = False,
         metrics_port: int | None = None,
+        freeze_gc: bool = False,
     ) -> None:
         s = app.settings
         self.app = app
@@ -114,6 +116,10 @@ class Worker:
         #: Also run the periodic task scheduler (``-B``); safe on every worker at once.
         self.beat = beat
         self.metrics_port = metrics_port
+        #: Freeze what exists at start (see run): for a worker that owns its process, as
+        #: ``pgtasks worker`` does. An embedded one would keep its host's objects uncollected.
+        self.freeze_gc = freeze_gc
+        self._frozen = False
         self.metrics: NullMetrics = NullMetrics()
         self.shutdown_grace = s.shutdown_grace if shutdown_grace is None else shutdown_grace
         # The worker's defaults; a task's own option or a call's apply_async() limits win.
@@ -189,6 +195,15 @@ class Worker:
         self.pool = create_pool(self.pool_name, app, self.concurrency, self.max_tasks_per_child)
         self.pool.on_start = self._started
         self._warn_unenforced_limits()
+        if self.freeze_gc:
+            # Modules, tasks and settings live as long as the worker. Frozen, they are left
+            # out of every collection: a full one walks only what the worker made since
+            # (milliseconds, not the tens of milliseconds that stop every task thread of a
+            # large app), and prefork children keep sharing those pages with the worker
+            # instead of copying the ones a collection writes to.
+            gc.collect()
+            gc.freeze()
+            self._frozen = True
         self.pool.start()  # before any thread starts: prefork children are forked here
         self.completer = Completer(broker, self.id, self._written)
         self.completer.chord_ready = chord_body_builder(app)
@@ -1115,6 +1130,9 @@ class Worker:
         self.log.info("worker.stopped", processed=self.processed)
         signals.worker_shutdown.send(sender=self)
         self.app.close()
+        if self._frozen:
+            gc.unfreeze()
+            self._frozen = False
 
 
 def log_enabled(log: Any, level: int) -> bool:

@@ -3,6 +3,7 @@ senders and keyword arguments Celery sends."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -242,6 +243,7 @@ def test_solo_pool_sends_worker_process_init(app: Celery, connect: Callable[...,
 PREFORK_ARGS = ["-P", "prefork", "-c", "2", "--burst", "-l", "WARNING"]
 
 APP_MODULE = """
+import gc
 import json
 import os
 
@@ -271,12 +273,12 @@ def on_worker_init(sender=None, **kwargs):
 
 @worker_process_init.connect
 def on_child_init(sender=None, **kwargs):
-    record("worker_process_init", sender=sender)
+    record("worker_process_init", sender=sender, frozen=gc.get_freeze_count())
 
 
 @worker_ready.connect
 def on_ready(sender=None, **kwargs):
-    record("worker_ready")
+    record("worker_ready", frozen=gc.get_freeze_count())
 
 
 @task_prerun.connect
@@ -332,5 +334,33 @@ def test_prefork_children_inherit_receivers_connected_at_import(
     assert {e["pid"] for e in events if e["event"] in ("worker_ready", "worker_shutdown")} == {
         main_pid
     }
+    # What the worker loaded before forking is out of the collector's reach, in the worker and
+    # in its children alike (see Worker.freeze_gc).
+    assert next(e for e in events if e["event"] == "worker_ready")["frozen"] > 1000
+    assert all(e["frozen"] > 1000 for e in events if e["event"] == "worker_process_init")
     # pgtasks configured no logging, so none of its JSON lines reached stderr.
     assert '"event": "worker.started"' not in done.stderr
+
+
+def test_an_embedded_worker_leaves_the_collector_alone_and_a_freezing_one_thaws_at_stop(
+    app: Celery, worker_factory: Any
+) -> None:
+    """Freezing is for a worker that owns its process (``pgtasks worker``): a worker run
+    inside an application or a test run must not keep that process's objects from ever being
+    collected, and one that froze them gives them back when it stops."""
+
+    @app.task(name="gc.echo")
+    def echo(value: int) -> int:
+        return value
+
+    assert gc.get_freeze_count() == 0
+    with worker_factory():
+        assert echo.delay(1).get(timeout=10) == 1
+        assert gc.get_freeze_count() == 0
+    with worker_factory(freeze_gc=True):
+        assert echo.delay(2).get(timeout=10) == 2
+        assert gc.get_freeze_count() > 1000
+        # Objects made before the start, such as the task, are frozen: no generation holds them.
+        assert not any(obj is echo for obj in gc.get_objects())
+    assert gc.get_freeze_count() == 0
+    assert any(obj is echo for obj in gc.get_objects())
