@@ -119,7 +119,6 @@ class Worker:
         #: Freeze what exists at start (see run): for a worker that owns its process, as
         #: ``pgtasks worker`` does. An embedded one would keep its host's objects uncollected.
         self.freeze_gc = freeze_gc
-        self._frozen = False
         self.metrics: NullMetrics = NullMetrics()
         self.shutdown_grace = s.shutdown_grace if shutdown_grace is None else shutdown_grace
         # The worker's defaults; a task's own option or a call's apply_async() limits win.
@@ -203,7 +202,6 @@ class Worker:
             # instead of copying the ones a collection writes to.
             gc.collect()
             gc.freeze()
-            self._frozen = True
         self.pool.start()  # before any thread starts: prefork children are forked here
         self.completer = Completer(broker, self.id, self._written)
         self.completer.chord_ready = chord_body_builder(app)
@@ -1130,9 +1128,8 @@ class Worker:
         self.log.info("worker.stopped", processed=self.processed)
         signals.worker_shutdown.send(sender=self)
         self.app.close()
-        if self._frozen:
+        if self.freeze_gc:
             gc.unfreeze()
-            self._frozen = False
 
 
 def log_enabled(log: Any, level: int) -> bool:
