@@ -947,9 +947,18 @@ class Broker:
         return {row["id"]: row["cancel_requested"] for row in rows}
 
     def complete(
-        self, worker: str, items: Sequence[Success], conn: psycopg.Connection[Any] | None = None
+        self,
+        worker: str,
+        items: Sequence[Success],
+        conn: psycopg.Connection[Any] | None = None,
+        keep: bool = True,
     ) -> dict[str, str]:
-        """Fenced successes; returns id -> new status for the rows this worker still owned."""
+        """Fenced successes; returns id -> new status for the rows this worker still owned.
+
+        ``keep=False`` (a worker whose finished_task_retention is 0) deletes each succeeded row,
+        with its attempt history and effects, instead of keeping it COMPLETED for the pruner; a
+        row revoked while it ran is kept as CANCELLED either way.
+        """
         now = time.time()
         outcomes: list[dict[str, Any]] = []
         # Most batches keep no result: their statement has no results part, whose statement
@@ -971,8 +980,9 @@ class Broker:
             if i.state != "SUCCESS":
                 outcome["state"] = i.state
             outcomes.append(outcome)
+        name = "complete_batch" if keep else "complete_batch_drop"
         return self._statuses(
-            "complete_batch" if stored else "complete_batch_unstored",
+            name if stored else f"{name}_unstored",
             {"worker": worker, "rows": json.dumps(outcomes, separators=(",", ":"))},
             conn,
         )
@@ -1331,17 +1341,19 @@ class Broker:
         worker: str,
         items: Sequence[Success] | Sequence[Failure],
         chord_ready: Callable[[Row, list[Row]], Plan],
+        keep: bool = True,
     ) -> dict[str, str]:
         """Fenced completions or failures together with their follow-ups, in one transaction.
 
         Follow-ups (link callbacks, the next chain step, chord counting) are written only for
         the rows the fenced statement still found owned by ``worker``; a chord whose counter
         reaches zero here gets its body from ``chord_ready`` (given the counter row and its
-        members' outcomes in header order), enqueued in this same transaction.
+        members' outcomes in header order), enqueued in this same transaction. ``keep`` is
+        complete's.
         """
         with self.pool.connection(timeout=self.connect_timeout) as conn, conn.transaction():
             if items and isinstance(items[0], Success):
-                statuses = self.complete(worker, items, conn)  # type: ignore[arg-type]
+                statuses = self.complete(worker, items, conn, keep)  # type: ignore[arg-type]
             else:
                 statuses = self.fail(worker, items, conn)  # type: ignore[arg-type]
             plan = Plan()

@@ -77,7 +77,9 @@ class Settings(BaseSettings):
     ignore_result: bool = False
     result_expires: float = Field(default=86400.0, description="Seconds results are kept.")
     finished_task_retention: float = Field(
-        default=3600.0, description="Seconds finished rows stay in the task table."
+        default=3600.0,
+        description="Seconds finished rows stay in the task table (0: a success deletes its row "
+        "as it completes).",
     )
     default_retry_delay: float = 180.0
     concurrency: int | None = None

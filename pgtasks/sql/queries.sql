@@ -289,6 +289,28 @@ RETURNING t.id, t.cancel_requested
 -- insert: completion_done
 -- insert: completion_history
 
+-- name: complete_batch_drop
+-- complete_batch for workers that keep no finished rows (finished_task_retention = 0): a
+-- success deletes its row in the completing statement, with what the pruner would delete with
+-- it (attempt history, effects), instead of updating it to COMPLETED and deleting it later. A
+-- row whose revoke arrived while it ran is kept, as CANCELLED, like a failure.
+-- insert: completion_drop
+), saved AS (
+    INSERT INTO {schema}.results AS r (task_id, state, content_type, result, traceback, date_done)
+    SELECT d.id, CASE d.status WHEN 'COMPLETED' THEN d.state ELSE 'REVOKED' END,
+           d.content_type, CASE d.status WHEN 'COMPLETED' THEN d.result END, NULL, now()
+      FROM done AS d
+     WHERE d.store
+    ON CONFLICT (task_id) DO UPDATE
+       SET state = EXCLUDED.state, content_type = EXCLUDED.content_type,
+           result = EXCLUDED.result, traceback = NULL, date_done = EXCLUDED.date_done
+-- insert: completion_drop_history
+
+-- name: complete_batch_drop_unstored
+-- complete_batch_drop for a batch in which no outcome keeps a result.
+-- insert: completion_drop
+-- insert: completion_drop_history
+
 -- name: fail_batch
 -- Fenced terminal failure: FAILED (a non-retried error) or DEAD (retry budget spent, worker lost,
 -- undecodable payload), keeping payload, error and traceback. A revoke that arrived wins.
@@ -1358,9 +1380,8 @@ SELECT t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
        t.created_at, t.requeued_attempt, NULL::text AS set_aside
   FROM {schema}.tasks AS t
 
--- fragment: completion_done
--- The start of complete_batch and complete_batch_unstored: the outcomes, the ordered lock
--- pass and the fenced update (its CTE "done").
+-- fragment: completion_input
+-- The outcomes of a batch of successes and the ordered lock pass over their rows.
 WITH input AS (
     -- One json array of outcomes (result in base64): cheaper to write than one array per column.
     -- An outcome leaves out what it does not need: store, content_type and result when no
@@ -1382,6 +1403,11 @@ WITH input AS (
      WHERE t.id = ANY(ARRAY(SELECT id FROM input)) AND t.claimed_by = %(worker)s
      ORDER BY t.id
        FOR UPDATE OF t
+
+-- fragment: completion_done
+-- The start of complete_batch and complete_batch_unstored: the outcomes, the ordered lock
+-- pass and the fenced update (its CTE "done").
+-- insert: completion_input
 ), done AS (
     UPDATE {schema}.tasks AS t
        SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'COMPLETED' END,
@@ -1394,6 +1420,53 @@ WITH input AS (
        AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
     RETURNING t.id, t.attempt, t.status, t.error, i.store, i.content_type, i.result,
               i.started_at, i.state, {schema}.concurrency_key(t.headers) AS limit_key
+
+-- fragment: completion_drop
+-- The start of complete_batch_drop and complete_batch_drop_unstored: completion_done with a
+-- delete where the revoke did not arrive ("dropped") and the update where it did ("kept");
+-- "done" is both, with the columns completion_done returns.
+-- insert: completion_input
+), dropped AS (
+    DELETE FROM {schema}.tasks AS t
+     USING input AS i
+     WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = i.id AND t.attempt = i.attempt
+       AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
+       AND NOT t.cancel_requested
+    RETURNING t.id, t.attempt, 'COMPLETED'::text AS status, NULL::text AS error, i.store,
+              i.content_type, i.result, i.started_at, i.state,
+              {schema}.concurrency_key(t.headers) AS limit_key
+), kept AS (
+    UPDATE {schema}.tasks AS t
+       SET status = 'CANCELLED',
+           error = 'revoked while running' || COALESCE(' by ' || (t.headers ->> 'revoked_by'), ''),
+           claimed_by = NULL, lease_until = NULL, updated_at = now()
+      FROM input AS i
+     WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = i.id AND t.attempt = i.attempt
+       AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE
+       AND t.cancel_requested
+    RETURNING t.id, t.attempt, t.status, t.error, i.store, i.content_type, i.result,
+              i.started_at, i.state, {schema}.concurrency_key(t.headers) AS limit_key
+), done AS (
+    SELECT * FROM dropped
+    UNION ALL
+    SELECT * FROM kept
+
+-- fragment: completion_drop_history
+-- The end of complete_batch_drop and complete_batch_drop_unstored, after "done": the history
+-- of a kept row (as completion_history writes it), the history of a deleted row's earlier runs
+-- and its effects gone with it (as the pruner deletes them), concurrency counts.
+), history AS (
+    INSERT INTO {schema}.attempts (task_id, attempt, worker, started_at, outcome, error)
+    SELECT k.id, k.attempt, %(worker)s, k.started_at, lower(k.status), k.error
+      FROM kept AS k
+), history_gone AS (
+    DELETE FROM {schema}.attempts
+     WHERE task_id = ANY(ARRAY(SELECT id FROM dropped))
+), effects_gone AS (
+    DELETE FROM {schema}.effects WHERE task_id = ANY(ARRAY(SELECT id FROM dropped))
+-- insert: give_counts_back
+)
+SELECT id, status, limit_key FROM done
 
 -- fragment: completion_history
 -- The end of complete_batch and complete_batch_unstored, after "done": attempt history and

@@ -56,6 +56,8 @@ class Completer(threading.Thread):
         # the app to decode results with); batches carrying canvas follow-ups need it.
         self.chord_ready: Callable[[Row, list[Row]], Plan] | None = None
         self.metrics: NullMetrics = NullMetrics()
+        # False: successes delete their rows (finished_task_retention = 0, see Broker.complete).
+        self.keep_finished = True
         self._queue: queue.SimpleQueue[Final | None] = queue.SimpleQueue()
         self._stop_requested = threading.Event()
         self.pending = 0
@@ -139,8 +141,13 @@ class Completer(threading.Thread):
                 self.pending -= len(items)
 
     def _with_retries(self, kind: type, items: list[Any]) -> dict[str, str]:
+        keep = self.keep_finished
+
+        def complete(worker: str, batch: list[Any], conn: Conn) -> dict[str, str]:
+            return self.broker.complete(worker, batch, conn, keep)
+
         writers: dict[type, Writer] = {
-            Success: self.broker.complete,
+            Success: complete,
             Failure: self.broker.fail,
             RetryAt: self.broker.retry,
             Release: self.broker.release,
@@ -152,7 +159,7 @@ class Completer(threading.Thread):
             # connection: the transaction spans several statements).
             def write(worker: str, batch: list[Any], conn: Conn) -> dict[str, str]:
                 assert chord_ready is not None
-                return self.broker.finalise(worker, batch, chord_ready)
+                return self.broker.finalise(worker, batch, chord_ready, keep)
 
         delay = 0.1
         while True:

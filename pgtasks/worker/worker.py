@@ -207,6 +207,7 @@ class Worker:
         self.completer.chord_ready = chord_body_builder(app)
         self.completer.busy = self._has_backlog
         self.completer.metrics = self.metrics
+        self.completer.keep_finished = s.finished_task_retention > 0
         self.leases = LeaseKeeper(
             broker, self.id, self.lease, self._owned, self._lost, self._cancel
         )

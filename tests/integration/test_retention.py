@@ -7,9 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+import pytest
+from psycopg import sql
 
 from pgtasks import Celery
+from pgtasks.broker import Success
 from pgtasks.maintenance import Pruner
+from tests.apps.harness import attempts, one, rows, wait_until
 
 
 def count(db: psycopg.Connection[Any], query: str) -> int:
@@ -49,3 +53,102 @@ def test_pruner_works_off_a_backlog_in_batches(
     assert history == set(recent)
     assert count(db, "SELECT count(*) FROM results") == 0
     assert pruner.run_once() == (0, 0)
+
+
+def test_no_retention_deletes_each_success_as_it_completes(
+    app: Celery, db: psycopg.Connection[Any], pg_dsn: str, schema: str, worker_factory: Any
+) -> None:
+    # finished_task_retention = 0: a success takes its row, its earlier runs' history and its
+    # effects with it in the completing statement; its result stays for result_expires.
+    app.conf.finished_task_retention = 0
+    effects = psycopg.connect(pg_dsn, autocommit=True)
+    effects.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+
+    @app.task(name="retention.kept_result")
+    def kept_result(x: int) -> int:
+        return x * 2
+
+    @app.task(name="retention.ignored", ignore_result=True)
+    def ignored() -> None:
+        pass
+
+    @app.task(name="retention.flaky", bind=True, max_retries=2)
+    def flaky(self: Any) -> str:
+        with effects.transaction(), self.effect("charge", connection=effects):
+            pass
+        if self.request.retries == 0:
+            raise self.retry(countdown=0)
+        return "settled"
+
+    @app.task(name="retention.broken")
+    def broken() -> None:
+        raise ValueError("kept for its operator")
+
+    @app.task(name="retention.limited", concurrency_limit=1)
+    def limited(i: int) -> int:
+        return i
+
+    stored = kept_result.delay(21)
+    quiet = ignored.delay()
+    retried = flaky.delay()
+    failed = broken.delay()
+    # One at a time: each deleting completion must give the key's count back for the next.
+    serial = limited.apply_many([(i,) for i in range(3)])
+    try:
+        with worker_factory(pool="threads", concurrency=2):
+            assert stored.get(timeout=20) == 42
+            assert retried.get(timeout=20) == "settled"
+            with pytest.raises(ValueError):
+                failed.get(timeout=20)
+            assert [r.get(timeout=20) for r in serial] == [0, 1, 2]
+            wait_until(lambda: not rows(db, "SELECT id FROM tasks WHERE id = %s", [quiet.id]))
+    finally:
+        effects.close()
+
+    # Only the failure is left, for the pruner; the results of the successes are kept.
+    left = {r["id"]: r["status"] for r in rows(db, "SELECT id, status FROM tasks")}
+    assert left == {failed.id: "FAILED"}
+    history = {(r["task_id"], r["outcome"]) for r in rows(db, "SELECT * FROM attempts")}
+    assert history == {(failed.id, "failed")}
+    assert rows(db, "SELECT * FROM effects") == []
+    assert {r["task_id"] for r in rows(db, "SELECT task_id FROM results")} == {
+        stored.id,
+        retried.id,
+        failed.id,
+        *(r.id for r in serial),
+    }
+    assert [r["running"] for r in rows(db, "SELECT running FROM concurrency_limits")] in ([], [0])
+    assert stored.state == "SUCCESS"
+
+
+def test_a_deleting_completion_is_fenced_and_keeps_a_revoked_row(
+    app: Celery, db: psycopg.Connection[Any]
+) -> None:
+    @app.task(name="retention.noop")
+    def noop() -> None:
+        pass
+
+    gone, revoked = noop.delay(), noop.delay()
+    claimed = {t.id: t for t in app.broker.claim("owner", ["celery"], 2, 30.0)}
+    assert set(claimed) == {gone.id, revoked.id}
+
+    def done(worker: str, task_id: str, attempt: int) -> dict[str, str]:
+        item = Success(task_id, attempt, False, "application/json", None, None)
+        return app.broker.complete(worker, [item], keep=False)
+
+    # A stale token deletes nothing.
+    assert done("thief", gone.id, claimed[gone.id].attempt) == {}
+    assert done("owner", gone.id, claimed[gone.id].attempt + 1) == {}
+    assert len(rows(db, "SELECT * FROM tasks WHERE id = %s", [gone.id])) == 1
+
+    assert done("owner", gone.id, claimed[gone.id].attempt) == {gone.id: "COMPLETED"}
+    assert rows(db, "SELECT * FROM tasks WHERE id = %s", [gone.id]) == []
+    assert done("owner", gone.id, claimed[gone.id].attempt) == {}
+
+    # A revoke that arrived while it ran is kept, with its history, as with retention.
+    assert app.broker.revoke(revoked.id) == "RUNNING"
+    assert done("owner", revoked.id, claimed[revoked.id].attempt) == {revoked.id: "CANCELLED"}
+    row = one(db, "SELECT status, claimed_by, error FROM tasks WHERE id = %s", [revoked.id])
+    assert (row["status"], row["claimed_by"]) == ("CANCELLED", None)
+    assert row["error"].startswith("revoked while running")
+    assert attempts(db, revoked.id) == [(claimed[revoked.id].attempt, "owner", "cancelled")]
