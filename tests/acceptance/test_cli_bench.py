@@ -95,6 +95,20 @@ def test_full_run_reports_every_phase_and_drops_its_schema(
     assert db.execute("SELECT count(*) FROM tasks").fetchone() == (0,)
 
 
+def test_burn_down_counts_the_rows_workers_keeping_none_delete(
+    env: dict[str, str], bench_schema: str
+) -> None:
+    # Workers with finished_task_retention 0 delete each row they complete: the burn-down
+    # counts those as completed, where a row left behind in any other state is an error.
+    env = {**env, "PGTASKS_FINISHED_TASK_RETENTION": "0"}
+    done = run_cli(
+        env, "bench", "--schema", bench_schema, "--tasks", "300", "--only", "burn-down", "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    burn_down = json.loads(done.stdout)["phases"]["burn_down"]
+    assert burn_down["tasks"] == 300 and burn_down["tasks_per_second"] > 0
+
+
 def test_steady_phase_reports_latency_and_sizes_per_window(
     env: dict[str, str], bench_schema: str
 ) -> None:
