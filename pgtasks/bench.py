@@ -50,6 +50,8 @@ PHASES = ("enqueue", "burn-down", "latency", "steady")
 DEFAULT_PHASES = ("enqueue", "burn-down", "latency")
 #: The steady phase samples latency and sizes this often (seconds).
 WINDOW = 10.0
+#: The steady phase's workers keep results at least this long (seconds): its windows read them.
+STEADY_RESULTS_KEPT = 60.0
 BATCH = 1000
 
 app = Celery(
@@ -91,7 +93,7 @@ class Options:
     steady_seconds: float = 300.0
     #: Offered load of the steady phase; None: 80% of this run's burn-down rate.
     steady_rate: float | None = None
-    #: finished_task_retention and result_expires of the steady phase's workers (seconds).
+    #: finished_task_retention of the steady phase's workers (seconds; 0: none kept).
     steady_retention: float = 60.0
     #: Hold a REPEATABLE READ transaction open through the steady phase: its snapshot keeps
     #: vacuum from removing any row that dies meanwhile (the xmin horizon stands still).
@@ -399,8 +401,12 @@ def latency(samples: int, rate: float, workers: Workers, progress: Progress) -> 
 def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
     """Enqueue at ``rate`` per second while the workers process, for ``opts.steady_seconds``;
     every WINDOW seconds, the latency of the tasks finished meanwhile and the table sizes."""
-    retention = str(opts.steady_retention)
-    env = {"PGTASKS_FINISHED_TASK_RETENTION": retention, "PGTASKS_RESULT_EXPIRES": retention}
+    # The windows read the tasks' latency from their results, which are therefore kept at
+    # least as long as the finished rows, and for a window's reading at least.
+    env = {
+        "PGTASKS_FINISHED_TASK_RETENTION": str(opts.steady_retention),
+        "PGTASKS_RESULT_EXPIRES": str(max(opts.steady_retention, STEADY_RESULTS_KEPT)),
+    }
     broker = app.broker
     with started_workers(opts, progress, env) as workers, _held_snapshot(opts) as held:
         stamp.delay(0.0).get(timeout=30)  # warm-up
@@ -459,6 +465,7 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
         "offered_per_second": rate,
         "sent": sent,
         "retention_seconds": opts.steady_retention,
+        "results_kept_seconds": max(opts.steady_retention, STEADY_RESULTS_KEPT),
         "held_snapshot": held,
         "p99_ms_first_half": percentile(p99s[:half], 50) if p99s else None,
         "p99_ms_second_half": percentile(p99s[half:] or p99s, 50) if p99s else None,

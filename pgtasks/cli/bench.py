@@ -111,6 +111,15 @@ def _database_url(ctx: click.Context, given: str | None) -> str:
     help="Offered load of the steady phase (default: 80% of the burn-down rate).",
 )
 @click.option(
+    "--steady-retention",
+    metavar="S",
+    type=click.FloatRange(min=0.0),
+    default=60.0,
+    show_default=True,
+    help="Seconds the steady phase's workers keep finished rows (0: a success deletes its "
+    "row as it completes).",
+)
+@click.option(
     "--hold-snapshot",
     is_flag=True,
     help="Keep a transaction open through the steady phase, as a long report or an idle "
@@ -139,6 +148,7 @@ def bench(
     only: str | None,
     steady_seconds: float,
     steady_rate: float | None,
+    steady_retention: float,
     hold_snapshot: bool,
     as_json: bool,
     keep: bool,
@@ -156,7 +166,7 @@ def bench(
                  workers: p50/p90/p99 from send to task start, in ms
       steady     only with --only: enqueue at --steady-rate while the workers
                  process, for --steady-seconds; p50/p99 and table sizes every
-                 10 s, workers keeping finished rows for a minute
+                 10 s, workers keeping finished rows --steady-retention seconds
 
     Burn-down and steady also print WAL bytes per task and, when the server runs
     on this host, its CPU time per 1,000 tasks.
@@ -173,6 +183,7 @@ def bench(
       pgtasks bench --only latency --latency-samples 1000 --rate 100
       pgtasks bench --only burn-down,steady --steady-seconds 300
       pgtasks bench --only steady --steady-rate 2000 --hold-snapshot
+      pgtasks bench --only steady --steady-rate 2000 --steady-retention 0
       pgtasks bench --tasks 2000 --json | jq .phases.burn_down
     """
     from pgtasks import bench as bench_
@@ -195,6 +206,7 @@ def bench(
         phases=phases,
         steady_seconds=steady_seconds,
         steady_rate=steady_rate,
+        steady_retention=steady_retention,
         hold_snapshot=hold_snapshot,
         keep=keep,
         force=force,
