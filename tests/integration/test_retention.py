@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgtasks import Celery
+from pgtasks import Celery, chord
 from pgtasks.broker import Success
 from pgtasks.maintenance import Pruner
 from tests.apps.harness import attempts, one, rows, wait_until
@@ -56,11 +56,18 @@ def test_pruner_works_off_a_backlog_in_batches(
 
 
 def test_no_retention_deletes_each_success_as_it_completes(
-    app: Celery, db: psycopg.Connection[Any], pg_dsn: str, schema: str, worker_factory: Any
+    app: Celery,
+    db: psycopg.Connection[Any],
+    pg_dsn: str,
+    schema: str,
+    worker_factory: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # finished_task_retention = 0: a success takes its row, its earlier runs' history and its
-    # effects with it in the completing statement; its result stays for result_expires.
+    # effects with it in the completing statement; its result stays for result_expires. The
+    # pruner is held off, so that what is gone was deleted by the completions.
     app.conf.finished_task_retention = 0
+    monkeypatch.setattr(Pruner, "run_once", lambda self: (0, 0))
     effects = psycopg.connect(pg_dsn, autocommit=True)
     effects.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
 
@@ -152,3 +159,23 @@ def test_a_deleting_completion_is_fenced_and_keeps_a_revoked_row(
     assert (row["status"], row["claimed_by"]) == ("CANCELLED", None)
     assert row["error"].startswith("revoked while running")
     assert attempts(db, revoked.id) == [(claimed[revoked.id].attempt, "owner", "cancelled")]
+
+
+def test_a_chord_of_members_that_ignore_results_needs_no_finished_row(
+    app: Celery, worker_factory: Any
+) -> None:
+    # The body reads its members' values from their results, which members keep even when
+    # they ignore results otherwise: rows deleted as they complete take nothing from it.
+    app.conf.finished_task_retention = 0
+
+    @app.task(name="retention.part", ignore_result=True)
+    def part(i: int) -> int:
+        return i
+
+    @app.task(name="retention.total")
+    def total(values: list[Any]) -> int:
+        return len(values)
+
+    result = chord([part.s(i) for i in range(4)])(total.s())
+    with worker_factory(pool="threads", concurrency=2):
+        assert result.get(timeout=20) == 4
