@@ -22,9 +22,13 @@ class RecordingBroker:
 
     def __init__(self) -> None:
         self.batches: list[list[str]] = []
+        self.kept: list[bool] = []
 
-    def complete(self, worker: str, items: list[Success], conn: Any = None) -> dict[str, str]:
+    def complete(
+        self, worker: str, items: list[Success], conn: Any = None, keep: bool = True
+    ) -> dict[str, str]:
         self.batches.append([i.id for i in items])
+        self.kept.append(keep)
         return {i.id: "COMPLETED" for i in items}
 
     fail = retry = release = complete
@@ -78,6 +82,19 @@ def test_without_a_view_of_the_backlog_the_short_linger_is_used(slept: list[floa
     run(completer, [success("a")], written)
     assert slept == [0.002]
     assert broker.batches == [["a"]]
+    assert broker.kept == [True]
+
+
+def test_a_completer_keeping_no_finished_rows_asks_for_deleting_completions(
+    slept: list[float],
+) -> None:
+    broker = RecordingBroker()
+    written = threading.Semaphore(0)
+    completer = Completer(broker, "w1", lambda item, status: written.release())  # type: ignore[arg-type]
+    completer.keep_finished = False
+    run(completer, [success("a"), success("b")], written)
+    assert broker.batches == [["a", "b"]] or broker.batches == [["a"], ["b"]]
+    assert set(broker.kept) == {False}
 
 
 class FakeConnection:
@@ -105,13 +122,15 @@ class ConnectionBroker(RecordingBroker):
         self.opened.append(FakeConnection(len(self.opened) + 1))
         return self.opened[-1]
 
-    def complete(self, worker: str, items: list[Success], conn: Any = None) -> dict[str, str]:
+    def complete(
+        self, worker: str, items: list[Success], conn: Any = None, keep: bool = True
+    ) -> dict[str, str]:
         assert isinstance(conn, FakeConnection)
         self.used.append(conn.number)
         if conn.number == 1 and len(self.used) == 2:
             conn.broken = True
             raise psycopg.OperationalError("server closed the connection unexpectedly")
-        return super().complete(worker, items, conn)
+        return super().complete(worker, items, conn, keep)
 
 
 def test_outcomes_are_written_on_the_completers_own_connection_reopened_when_broken(
