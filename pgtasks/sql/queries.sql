@@ -272,15 +272,7 @@ RETURNING t.id, t.cancel_requested
 -- result row where results are kept (state SUCCESS, or IGNORED for a task that raised Ignore),
 -- attempt history. Returns the rows this worker still owned.
 -- insert: completion_done
-), saved AS (
-    INSERT INTO {schema}.results AS r (task_id, state, content_type, result, traceback, date_done)
-    SELECT d.id, CASE d.status WHEN 'COMPLETED' THEN d.state ELSE 'REVOKED' END,
-           d.content_type, CASE d.status WHEN 'COMPLETED' THEN d.result END, NULL, now()
-      FROM done AS d
-     WHERE d.store
-    ON CONFLICT (task_id) DO UPDATE
-       SET state = EXCLUDED.state, content_type = EXCLUDED.content_type,
-           result = EXCLUDED.result, traceback = NULL, date_done = EXCLUDED.date_done
+-- insert: completion_results
 -- insert: completion_history
 
 -- name: complete_batch_unstored
@@ -295,15 +287,7 @@ RETURNING t.id, t.cancel_requested
 -- it (attempt history, effects), instead of updating it to COMPLETED and deleting it later. A
 -- row whose revoke arrived while it ran is kept, as CANCELLED, like a failure.
 -- insert: completion_drop
-), saved AS (
-    INSERT INTO {schema}.results AS r (task_id, state, content_type, result, traceback, date_done)
-    SELECT d.id, CASE d.status WHEN 'COMPLETED' THEN d.state ELSE 'REVOKED' END,
-           d.content_type, CASE d.status WHEN 'COMPLETED' THEN d.result END, NULL, now()
-      FROM done AS d
-     WHERE d.store
-    ON CONFLICT (task_id) DO UPDATE
-       SET state = EXCLUDED.state, content_type = EXCLUDED.content_type,
-           result = EXCLUDED.result, traceback = NULL, date_done = EXCLUDED.date_done
+-- insert: completion_results
 -- insert: completion_drop_history
 
 -- name: complete_batch_drop_unstored
@@ -1467,6 +1451,19 @@ WITH input AS (
 -- insert: give_counts_back
 )
 SELECT id, status, limit_key FROM done
+
+-- fragment: completion_results
+-- The results part of complete_batch and complete_batch_drop, after "done": the results of the
+-- outcomes that keep one (REVOKED for a row whose revoke arrived while it ran).
+), saved AS (
+    INSERT INTO {schema}.results AS r (task_id, state, content_type, result, traceback, date_done)
+    SELECT d.id, CASE d.status WHEN 'COMPLETED' THEN d.state ELSE 'REVOKED' END,
+           d.content_type, CASE d.status WHEN 'COMPLETED' THEN d.result END, NULL, now()
+      FROM done AS d
+     WHERE d.store
+    ON CONFLICT (task_id) DO UPDATE
+       SET state = EXCLUDED.state, content_type = EXCLUDED.content_type,
+           result = EXCLUDED.result, traceback = NULL, date_done = EXCLUDED.date_done
 
 -- fragment: completion_history
 -- The end of complete_batch and complete_batch_unstored, after "done": attempt history and
