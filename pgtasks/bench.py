@@ -14,9 +14,9 @@ comment, dropped at the end) so the application's own tasks are never touched:
   (by default 80% of the burn-down rate) for several minutes, with latency percentiles and the
   size of the tables every ten seconds, on workers keeping finished rows for a minute.
 
-Burn-down and steady also report what a task costs the database: WAL bytes per task, and the
-CPU time of the server processes serving the database per 1,000 tasks (read from ``/proc``, so
-only when the server runs on this host).
+Burn-down and steady also report what a task costs: WAL bytes per task, the CPU time of the
+worker processes per 1,000 tasks, and that of the server processes serving the database (both
+read from ``/proc``, so only on Linux, and the server's only when it runs on this host).
 
 This module is also the workers' app: they import it with ``-A pgtasks.bench`` and read the
 database URL and schema from ``PGTASKS_DATABASE_URL`` and ``PGTASKS_SCHEMA_NAME``.
@@ -259,44 +259,90 @@ def started_workers(
 # -- cost per task ----------------------------------------------------------------------------
 
 
-def _server_cpu(pids: Sequence[int]) -> dict[int, float]:
-    """CPU seconds so far of the local PostgreSQL processes among ``pids`` (none when the
-    server runs elsewhere)."""
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (None where there is none)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _cpu_seconds(pids: Sequence[int], command: str | None = None) -> dict[int, float]:
+    """CPU seconds so far of each of ``pids`` that runs here (and runs ``command``, if given)."""
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     seconds: dict[int, float] = {}
     for pid in pids:
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() != "postgres":
-                    continue
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        seconds[pid] = (int(fields[11]) + int(fields[12])) / tick
+        if command is not None:
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    if f.read().strip() != command:
+                        continue
+            except OSError:
+                continue
+        fields = _stat(pid)
+        if fields is not None and len(fields) > 12:
+            seconds[pid] = (int(fields[11]) + int(fields[12])) / tick
     return seconds
+
+
+def _server_cpu(pids: Sequence[int]) -> dict[int, float]:
+    """CPU seconds so far of the local PostgreSQL processes among ``pids`` (none when the
+    server runs elsewhere)."""
+    return _cpu_seconds(pids, "postgres")
+
+
+def _with_children(pids: Sequence[int]) -> list[int]:
+    """``pids`` and their child processes (a prefork worker's pool)."""
+    parents = set(pids)
+    found = list(pids)
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) not in parents:
+                fields = _stat(int(entry))
+                if fields is not None and len(fields) > 1 and int(fields[1]) in parents:
+                    found.append(int(entry))
+    return found
+
+
+def _worker_cpu(workers: Workers | None) -> dict[int, float]:
+    """CPU seconds so far of the worker processes and their children."""
+    if workers is None:
+        return {}
+    return _cpu_seconds(_with_children([proc.pid for proc in workers.procs]))
+
+
+def _per_1000(start: dict[int, float], end: dict[int, float], tasks: int) -> float | None:
+    """CPU milliseconds per 1,000 tasks between two readings; processes that started meanwhile
+    count from zero, those that ended are missed."""
+    if not end or not tasks:
+        return None
+    return sum(v - start.get(pid, 0.0) for pid, v in end.items()) * 1e6 / tasks
 
 
 @dataclass
 class CostMeter:
-    """WAL written and server CPU used over a stretch of work."""
+    """WAL written and the server's and workers' CPU used over a stretch of work."""
 
     lsn: str
     cpu: dict[int, float]
+    workers: Workers | None = None
+    worker_cpu: dict[int, float] = field(default_factory=dict)
 
     @classmethod
-    def start(cls) -> CostMeter:
+    def start(cls, workers: Workers | None = None) -> CostMeter:
         sample = app.broker.bench_cost_sample()
-        return cls(str(sample["lsn"]), _server_cpu(sample["pids"]))
+        return cls(str(sample["lsn"]), _server_cpu(sample["pids"]), workers, _worker_cpu(workers))
 
     def stop(self, tasks: int) -> dict[str, float | None]:
         wal = app.broker.bench_wal_bytes(self.lsn)
         end = _server_cpu(app.broker.bench_cost_sample()["pids"])
-        # Processes that started meanwhile count from zero; those that ended are missed.
-        cpu = sum(v - self.cpu.get(pid, 0.0) for pid, v in end.items()) if end else None
         return {
             "wal_bytes_per_task": wal / tasks if tasks else None,
-            "db_cpu_ms_per_1000_tasks": cpu * 1e6 / tasks if cpu is not None and tasks else None,
+            "db_cpu_ms_per_1000_tasks": _per_1000(self.cpu, end, tasks),
+            "worker_cpu_ms_per_1000_tasks": _per_1000(
+                self.worker_cpu, _worker_cpu(self.workers), tasks
+            ),
         }
 
 
@@ -338,7 +384,7 @@ def burn_down(n: int, workers: Workers, progress: Progress) -> dict[str, Any]:
             noop.apply_many([(i,) for i in range(start, stop)], connection=conn)
             progress.status(f"burn-down: preparing {_bar(stop, n)}")
         conn.commit()
-    meter = CostMeter.start()
+    meter = CostMeter.start(workers)
     t0 = time.perf_counter()
     queues = [app.settings.default_queue]
     left = n
@@ -411,7 +457,7 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
     with started_workers(opts, progress, env) as workers, _held_snapshot(opts) as held:
         stamp.delay(0.0).get(timeout=30)  # warm-up
         since = broker.bench_cost_sample()["now"]
-        meter = CostMeter.start()
+        meter = CostMeter.start(workers)
         windows: list[dict[str, Any]] = []
         sent = finished = 0
         t0 = time.perf_counter()
@@ -633,14 +679,10 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
         figures = phases.get(key, {})
         if figures.get("wal_bytes_per_task") is not None:
             rows.append((f"{label} WAL per task", f"{figures['wal_bytes_per_task']:,.0f}", "bytes"))
-        if figures.get("db_cpu_ms_per_1000_tasks") is not None:
-            rows.append(
-                (
-                    f"{label} server CPU per 1,000 tasks",
-                    f"{figures['db_cpu_ms_per_1000_tasks']:,.0f}",
-                    "ms",
-                )
-            )
+        for cpu_key, who in (("worker_cpu", "worker"), ("db_cpu", "server")):
+            value = figures.get(f"{cpu_key}_ms_per_1000_tasks")
+            if value is not None:
+                rows.append((f"{label} {who} CPU per 1,000 tasks", f"{value:,.0f}", "ms"))
     return rows
 
 

@@ -168,8 +168,8 @@ def bench(
                  process, for --steady-seconds; p50/p99 and table sizes every
                  10 s, workers keeping finished rows --steady-retention seconds
 
-    Burn-down and steady also print WAL bytes per task and, when the server runs
-    on this host, its CPU time per 1,000 tasks.
+    Burn-down and steady also print WAL bytes per task, the workers' CPU time per
+    1,000 tasks and, when the server runs on this host, the server's.
 
     Everything happens in its own schema (--schema), created fresh and dropped at
     the end: your queues are never touched. A schema the bench did not create is

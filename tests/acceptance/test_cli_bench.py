@@ -5,6 +5,7 @@ there and positive."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -79,6 +80,7 @@ def test_full_run_reports_every_phase_and_drops_its_schema(
         assert phases[name]["tasks_per_second"] > 0
         assert phases[name]["seconds"] > 0
     assert phases["burn_down"]["wal_bytes_per_task"] > 0
+    assert phases["burn_down"]["worker_cpu_ms_per_1000_tasks"] > 0
     latency = phases["latency"]
     assert latency["samples"] == 20
     assert 0 < latency["p50_ms"] <= latency["p90_ms"] <= latency["p99_ms"] <= latency["max_ms"]
@@ -107,6 +109,39 @@ def test_burn_down_counts_the_rows_workers_keeping_none_delete(
     assert done.returncode == 0, done.stderr
     burn_down = json.loads(done.stdout)["phases"]["burn_down"]
     assert burn_down["tasks"] == 300 and burn_down["tasks_per_second"] > 0
+
+
+def test_burn_down_on_prefork_workers_prints_their_cpu_per_task(
+    env: dict[str, str], bench_schema: str
+) -> None:
+    # A prefork worker's tasks run in its children: their CPU is the worker's too.
+    done = run_cli(
+        env,
+        "bench",
+        "--schema",
+        bench_schema,
+        "--tasks",
+        "300",
+        "--only",
+        "burn-down",
+        "--workers",
+        "1",
+        "-c",
+        "2",
+        "--pool",
+        "prefork",
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    # The summary table: the phase, two spaces or more, the value, the unit.
+    rows = dict(
+        (m.group(1), (m.group(2), m.group(3)))
+        for m in map(re.compile(r"^(.+?) {2,}(\S+) +(\S+)$").match, done.stdout.splitlines())
+        if m
+    )
+    value, unit = rows["burn-down worker CPU per 1,000 tasks"]
+    assert float(value.replace(",", "")) > 0 and unit == "ms"
+    assert "(prefork pool)" in done.stdout
 
 
 def test_steady_phase_reports_latency_and_sizes_per_window(
@@ -146,6 +181,7 @@ def test_steady_phase_reports_latency_and_sizes_per_window(
         assert 0 < window["p50_ms"] <= window["p99_ms"]
         assert window["tasks_mb"] > 0 and window["results_mb"] > 0
     assert steady["wal_bytes_per_task"] > 0
+    assert steady["worker_cpu_ms_per_1000_tasks"] > 0
     assert "steady:" in done.stderr
 
 

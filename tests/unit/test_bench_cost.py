@@ -1,0 +1,70 @@
+"""What ``pgtasks bench`` reads as a task's cost: CPU seconds of processes from ``/proc`` (the
+workers with their children, the server's processes) and the per-1,000-task figures."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from pgtasks import bench
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+
+BUSY = (
+    "import sys, time\n"
+    "t = time.process_time()\n"
+    "while time.process_time() - t < 0.2: pass\n"
+    "print('busy', flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
+
+@pytest.fixture
+def child() -> Iterator[subprocess.Popen[str]]:
+    """A child process that has spent 0.2 s of CPU, then waits for its stdin to close."""
+    with subprocess.Popen(
+        [sys.executable, "-c", BUSY], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdout is not None and proc.stdout.readline() == "busy\n"
+        # Leaving the block closes its stdin, ends it and waits for it.
+        yield proc
+
+
+def test_a_process_children_are_found(child: subprocess.Popen[str]) -> None:
+    found = bench._with_children([os.getpid()])
+    assert found[0] == os.getpid()
+    assert child.pid in found
+
+
+def test_cpu_seconds_read_each_process(child: subprocess.Popen[str]) -> None:
+    seconds = bench._cpu_seconds([child.pid])
+    assert seconds[child.pid] >= 0.15
+    # A command filter leaves out the processes that do not run it, and gone ones are skipped.
+    assert bench._cpu_seconds([child.pid], "postgres") == {}
+    assert bench._cpu_seconds([2**22 + 1]) == {}
+
+
+def test_per_1000_counts_new_processes_from_zero() -> None:
+    assert bench._per_1000({1: 1.0}, {1: 1.5, 2: 0.5}, 1000) == pytest.approx(1000.0)
+    assert bench._per_1000({1: 1.0}, {}, 1000) is None
+    assert bench._per_1000({1: 1.0}, {1: 2.0}, 0) is None
+
+
+def test_the_summary_shows_worker_and_server_cpu_where_measured() -> None:
+    report = {
+        "phases": {
+            "burn_down": {
+                "tasks_per_second": 1000.0,
+                "wal_bytes_per_task": 1600.0,
+                "worker_cpu_ms_per_1000_tasks": 70.4,
+                "db_cpu_ms_per_1000_tasks": None,
+            }
+        }
+    }
+    rows = bench.summary_rows(report)
+    assert ("burn-down worker CPU per 1,000 tasks", "70", "ms") in rows
+    assert not any("server CPU" in row[0] for row in rows)
