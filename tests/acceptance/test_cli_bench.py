@@ -115,23 +115,9 @@ def test_burn_down_on_prefork_workers_prints_their_cpu_per_task(
     env: dict[str, str], bench_schema: str
 ) -> None:
     # A prefork worker's tasks run in its children: their CPU is the worker's too.
-    done = run_cli(
-        env,
-        "bench",
-        "--schema",
-        bench_schema,
-        "--tasks",
-        "300",
-        "--only",
-        "burn-down",
-        "--workers",
-        "1",
-        "-c",
-        "2",
-        "--pool",
-        "prefork",
-        timeout=240,
-    )
+    options = ["--tasks", "300", "--only", "burn-down", "--workers", "1", "-c", "2"]
+    options += ["--pool", "prefork"]
+    done = run_cli(env, "bench", "--schema", bench_schema, *options, timeout=240)
     assert done.returncode == 0, done.stderr
     # The summary table: the phase, two spaces or more, the value, the unit.
     rows = dict(
