@@ -305,10 +305,8 @@ def _with_children(pids: Sequence[int]) -> list[int]:
     return found
 
 
-def _worker_cpu(workers: Workers | None) -> dict[int, float]:
+def _worker_cpu(workers: Workers) -> dict[int, float]:
     """CPU seconds so far of the worker processes and their children."""
-    if workers is None:
-        return {}
     return _cpu_seconds(_with_children([proc.pid for proc in workers.procs]))
 
 
@@ -326,11 +324,11 @@ class CostMeter:
 
     lsn: str
     cpu: dict[int, float]
-    workers: Workers | None = None
-    worker_cpu: dict[int, float] = field(default_factory=dict)
+    workers: Workers
+    worker_cpu: dict[int, float]
 
     @classmethod
-    def start(cls, workers: Workers | None = None) -> CostMeter:
+    def start(cls, workers: Workers) -> CostMeter:
         sample = app.broker.bench_cost_sample()
         return cls(str(sample["lsn"]), _server_cpu(sample["pids"]), workers, _worker_cpu(workers))
 
