@@ -1033,7 +1033,17 @@ def chord_body_builder(app: Celery) -> Callable[[Row, list[Row]], Plan]:
             if state == states.SUCCESS:
                 values.append(value)
                 continue
-            cause = exception_from_dict(value) if value is not None else Exception(m["error"])
+            if value is not None:
+                cause = exception_from_dict(value)
+            elif m["status"] is None and m["state"] is None:
+                # Neither its row nor its result is left (the result forgotten, the row
+                # deleted at once by a worker keeping no finished rows): say so, rather than
+                # report an error nobody raised.
+                cause = LookupError(
+                    "its outcome is gone: no task row and no stored result are left"
+                )
+            else:
+                cause = Exception(m["error"])
             culprit = (str(m["id"]), cause)
             break
         planner = Planner(app)

@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from pgtasks import Celery, chord, group
+from pgtasks.broker import Success
 from pgtasks.canvas import chord_body_builder
 from pgtasks.exceptions import ChordError
 from tests.apps.harness import expire_lease
@@ -171,18 +172,13 @@ def test_header_and_counter_are_written_together(capp: Celery, db: psycopg.Conne
     assert db.execute("SELECT count(*) FROM chords").fetchone() == (0,)
 
 
-def test_concurrent_last_members_fire_the_body_once(
-    capp: Celery, db: psycopg.Connection[Any]
-) -> None:
-    """Two transactions finishing the last two members at the same moment: the row lock on
-    the counter orders them, so exactly one sees zero."""
-    from pgtasks.broker import Success
+def _claimed_successes(capp: Celery) -> list[Success]:
+    """Claim the chord's two members and describe each one's success (value 1), with its
+    follow-ups, as a worker would before finishing it."""
     from pgtasks.canvas import after_success
     from pgtasks.serialization import encode
     from pgtasks.worker.execute import Job
 
-    square, collect = capp.tasks["square"], capp.tasks["collect"]
-    chord([square.s(1), square.s(2)], collect.s()).apply_async()
     claimed = capp.broker.claim("w", ["celery"], 10, 30.0)
     assert len(claimed) == 2
     items = []
@@ -197,6 +193,17 @@ def test_concurrent_last_members_fire_the_body_once(
             Success(row.id, row.attempt, True, "application/json", encode(1, "json").data, None,
                     followups=follow)
         )  # fmt: skip
+    return items
+
+
+def test_concurrent_last_members_fire_the_body_once(
+    capp: Celery, db: psycopg.Connection[Any]
+) -> None:
+    """Two transactions finishing the last two members at the same moment: the row lock on
+    the counter orders them, so exactly one sees zero."""
+    square, collect = capp.tasks["square"], capp.tasks["collect"]
+    chord([square.s(1), square.s(2)], collect.s()).apply_async()
+    items = _claimed_successes(capp)
     barrier = threading.Barrier(2)
     errors: list[BaseException] = []
 
@@ -250,4 +257,22 @@ def test_member_dead_lettered_by_the_reclaimer_still_counts(
     with pytest.raises(ChordError, match="worker lost"):
         res.get(timeout=5, follow_parents=False)
     assert db.execute("SELECT count(*) FROM chords").fetchone() == (0,)
+    assert db.execute("SELECT count(*) FROM tasks WHERE name = 'collect'").fetchone() == (0,)
+
+
+def test_member_whose_outcome_is_gone_fails_the_chord_saying_so(
+    capp: Celery, db: psycopg.Connection[Any]
+) -> None:
+    """A member whose row and result are both gone when the last member finishes (its result
+    forgotten, its row deleted at once by a worker keeping no finished rows) fails the chord
+    with a ChordError that names it and says its outcome is gone."""
+    square, collect = capp.tasks["square"], capp.tasks["collect"]
+    res = chord([square.s(1), square.s(2)], collect.s()).apply_async()
+    first, last = _claimed_successes(capp)
+    capp.broker.finalise("w", [first], chord_body_builder(capp))
+    db.execute("DELETE FROM results WHERE task_id = %s", (first.id,))
+    db.execute("DELETE FROM tasks WHERE id = %s", (first.id,))
+    capp.broker.finalise("w", [last], chord_body_builder(capp))
+    with pytest.raises(ChordError, match=f"{first.id}.*outcome is gone"):
+        res.get(timeout=5, follow_parents=False)
     assert db.execute("SELECT count(*) FROM tasks WHERE name = 'collect'").fetchone() == (0,)
