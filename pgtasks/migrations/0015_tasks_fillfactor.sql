@@ -1,0 +1,14 @@
+-- Room on each page of tasks for a row's next versions. A task row is written three times: by
+-- its enqueue, its claim and its outcome. The updates cannot be HOT (status is in the partial
+-- indexes' predicates), but the new version can still go on the row's own page when the page
+-- has room. On a full page it goes elsewhere: PostgreSQL then marks the old version locked and
+-- logs that first (a lock record of its own), looks for a page with room in the free space map,
+-- and dirties a second page. Pages filled to half by inserts keep both of a row's later versions
+-- on its page (the first one is pruned in passing as the page fills): in a burn-down of 20,000
+-- no-op tasks that took the lock records from four a task to two, the write-ahead log from
+-- about 1,630 to 1,350 bytes a task and the server's CPU time by about a tenth. Pages of
+-- pending rows hold half as many rows as before; the indexes are unchanged.
+--
+-- A table's existing pages keep what they hold; the setting applies as rows are inserted into
+-- them. It replaces a fillfactor set on the table by hand: set yours again after migrating.
+ALTER TABLE {schema}.tasks SET (fillfactor = 50);
