@@ -52,6 +52,9 @@ DEFAULT_PHASES = ("enqueue", "burn-down", "latency")
 WINDOW = 10.0
 #: The steady phase's workers keep results at least this long (seconds): its windows read them.
 STEADY_RESULTS_KEPT = 60.0
+#: The steady phase's workers kept up if at most this many seconds of the offered load were
+#: sent and not yet finished when it ended.
+KEPT_UP_SECONDS = 2.0
 BATCH = 1000
 
 app = Celery(
@@ -442,6 +445,20 @@ def latency(samples: int, rate: float, workers: Workers, progress: Progress) -> 
     return report
 
 
+def keeping_up(windows: Sequence[dict[str, Any]], rate: float) -> dict[str, Any]:
+    """Whether the workers kept up with the offered ``rate`` over the steady phase's windows:
+    the rate they finished at in the second half, the tasks sent and not yet finished at the
+    end, and ``kept_up`` when those were at most KEPT_UP_SECONDS of the offered load."""
+    second = windows[len(windows) // 2 :]
+    finished = sum(w["finished_per_second"] for w in second) / len(second)
+    backlog = int(windows[-1]["unfinished"])
+    return {
+        "finished_per_second_second_half": finished,
+        "unfinished_at_end": backlog,
+        "kept_up": backlog <= rate * KEPT_UP_SECONDS,
+    }
+
+
 def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
     """Enqueue at ``rate`` per second while the workers process, for ``opts.steady_seconds``;
     every WINDOW seconds, the latency of the tasks finished meanwhile and the table sizes."""
@@ -516,14 +533,23 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
         "size_mb_max": max(sizes),
         "size_mb_last": sizes[-1],
         "windows": windows,
+        **keeping_up(windows, rate),
         **cost,
     }
+    if report["kept_up"]:
+        verdict = "the workers kept up"
+    else:
+        verdict = (
+            f"the workers fell behind: {report['finished_per_second_second_half']:,.0f} "
+            f"finished a second in the second half, {report['unfinished_at_end']:,} waiting at "
+            "the end; the figures are those of a growing backlog, so try a lower --steady-rate"
+        )
     progress.result(
         f"steady: {rate:,.0f} tasks/s offered for {opts.steady_seconds:g} s"
         f"{' under a held snapshot' if held else ''}; median window "
         f"p99 {report['p99_ms_first_half'] or 0:.1f} ms in the first half, "
         f"{report['p99_ms_second_half'] or 0:.1f} ms in the second; tables at most "
-        f"{report['size_mb_max']:.0f} MB"
+        f"{report['size_mb_max']:.0f} MB; {verdict}"
     )
     return report
 
@@ -668,6 +694,20 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     if "steady" in phases:
         st = phases["steady"]
         rows.append(("steady offered load", f"{st['offered_per_second']:,.0f}", "tasks/s"))
+        rows.append(
+            (
+                "steady finished, second half",
+                f"{st['finished_per_second_second_half']:,.0f}",
+                "tasks/s",
+            )
+        )
+        rows.append(
+            (
+                "steady unfinished at the end",
+                f"{st['unfinished_at_end']:,}",
+                "tasks" + ("" if st["kept_up"] else " (fell behind)"),
+            )
+        )
         for half in ("first", "second"):
             value = st[f"p99_ms_{half}_half"]
             if value is not None:

@@ -68,3 +68,25 @@ def test_the_summary_shows_worker_and_server_cpu_where_measured() -> None:
     rows = bench.summary_rows(report)
     assert ("burn-down worker CPU per 1,000 tasks", "70", "ms") in rows
     assert not any("server CPU" in row[0] for row in rows)
+
+
+def _window(finished: float, unfinished: int) -> dict[str, float]:
+    return {"finished_per_second": finished, "unfinished": unfinished}
+
+
+def test_a_steady_phase_whose_backlog_stays_small_kept_up() -> None:
+    windows = [_window(990.0, 300), _window(1000.0, 120), _window(1010.0, 1500)]
+    verdict = bench.keeping_up(windows, 1000.0)
+    assert verdict == {
+        "finished_per_second_second_half": 1005.0,
+        "unfinished_at_end": 1500,
+        "kept_up": True,
+    }
+
+
+def test_a_steady_phase_whose_backlog_grows_fell_behind() -> None:
+    windows = [_window(800.0, 2000), _window(810.0, 4000), _window(790.0, 6000)]
+    verdict = bench.keeping_up(windows, 1000.0)
+    assert verdict["kept_up"] is False
+    assert verdict["unfinished_at_end"] == 6000
+    assert verdict["finished_per_second_second_half"] == 800.0
