@@ -469,6 +469,7 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
         "PGTASKS_RESULT_EXPIRES": str(max(opts.steady_retention, STEADY_RESULTS_KEPT)),
     }
     broker = app.broker
+    vacuum_off = broker.bench_autovacuum_off()
     with started_workers(opts, progress, env) as workers, _held_snapshot(opts) as held:
         stamp.delay(0.0).get(timeout=30)  # warm-up
         since = broker.bench_cost_sample()["now"]
@@ -533,6 +534,7 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
         "size_mb_max": max(sizes),
         "size_mb_last": sizes[-1],
         "windows": windows,
+        "autovacuum_off": vacuum_off,
         **keeping_up(windows, rate),
         **cost,
     }
@@ -543,6 +545,11 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
             f"the workers fell behind: {report['finished_per_second_second_half']:,.0f} "
             f"finished a second in the second half, {report['unfinished_at_end']:,} waiting at "
             "the end; the figures are those of a growing backlog, so try a lower --steady-rate"
+        )
+    if vacuum_off:
+        verdict += (
+            "; autovacuum is off on this server (or for these tables): nothing reclaims the"
+            " space of finished rows, so the tables only grow"
         )
     progress.result(
         f"steady: {rate:,.0f} tasks/s offered for {opts.steady_seconds:g} s"

@@ -1657,6 +1657,11 @@ class Broker:
         row = self._one("bench_wal_bytes", {"since": since})
         return int(row["bytes"]) if row else 0
 
+    def bench_autovacuum_off(self) -> bool:
+        """True when autovacuum is off on the server or for one of the growing tables."""
+        row = self._one("bench_autovacuum_off", {"schema": self.schema})
+        return bool(row and row["off"])
+
     def bench_steady_window(self, since: datetime) -> Row:
         """Latency percentiles of the results stored after ``since``, and table sizes."""
         row = self._one("bench_steady_window", {"since": since})

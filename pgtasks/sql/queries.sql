@@ -1188,6 +1188,17 @@ SELECT pg_current_wal_lsn()::text AS lsn,
 -- Bytes of WAL written since a position returned by bench_cost_sample.
 SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %(since)s::pg_lsn)::bigint AS bytes
 
+-- name: bench_autovacuum_off
+-- Whether nothing reclaims the space of the rows the queue deletes and updates: autovacuum off
+-- on the server, or turned off for the hot table, the results or the attempt history.
+SELECT current_setting('autovacuum') = 'off'
+       OR EXISTS (SELECT 1
+                    FROM pg_class AS c
+                    JOIN pg_namespace AS n ON n.oid = c.relnamespace
+                   WHERE n.nspname = %(schema)s
+                     AND c.relname IN ('tasks', 'results', 'attempts')
+                     AND 'autovacuum_enabled=false' = ANY(c.reloptions)) AS off
+
 -- name: bench_steady_window
 -- Send-to-start latency of the bench's stamp tasks that finished after %(since)s (each result is
 -- its own latency in seconds: the steady phase stores no other results), and the sizes of the

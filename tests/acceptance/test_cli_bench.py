@@ -131,7 +131,7 @@ def test_burn_down_on_prefork_workers_prints_their_cpu_per_task(
 
 
 def test_steady_phase_reports_latency_and_sizes_per_window(
-    env: dict[str, str], bench_schema: str
+    env: dict[str, str], bench_schema: str, db: psycopg.Connection[Any]
 ) -> None:
     done = run_cli(
         env,
@@ -171,6 +171,9 @@ def test_steady_phase_reports_latency_and_sizes_per_window(
     # 40 tasks a second are nothing to keep up with.
     assert steady["kept_up"] is True and steady["finished_per_second_second_half"] > 0
     assert "steady:" in done.stderr and "the workers kept up" in done.stderr
+    off = db.execute("SELECT current_setting('autovacuum') = 'off'").fetchone()
+    assert off is not None and steady["autovacuum_off"] is off[0]
+    assert ("autovacuum is off" in done.stderr) is off[0]
 
 
 def test_steady_without_a_rate_needs_the_burn_down(env: dict[str, str], bench_schema: str) -> None:

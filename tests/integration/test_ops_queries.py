@@ -275,3 +275,18 @@ def test_task_list_detail_and_overview(app: Celery, db: psycopg.Connection[Any])
         by_outcome[m["outcome"]] = by_outcome.get(m["outcome"], 0) + m["n"]
     assert by_outcome == {"completed": 1, "failed": 1}
     assert seen["workers"] == []
+
+
+def test_the_bench_knows_when_nothing_reclaims_the_queue_tables(
+    app: Celery, db: psycopg.Connection[Any]
+) -> None:
+    """``pgtasks bench``'s steady phase says so when autovacuum is off: on the server (as on
+    some CI databases), or for one of the tables that grow with every task."""
+    server_off = db.execute("SELECT current_setting('autovacuum') = 'off'").fetchone()
+    assert server_off is not None
+    if not server_off[0]:
+        assert app.broker.bench_autovacuum_off() is False
+    db.execute("ALTER TABLE attempts SET (autovacuum_enabled = false)")
+    assert app.broker.bench_autovacuum_off() is True
+    db.execute("ALTER TABLE attempts RESET (autovacuum_enabled)")
+    assert app.broker.bench_autovacuum_off() is bool(server_off[0])
