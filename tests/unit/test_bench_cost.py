@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -46,6 +48,29 @@ def test_cpu_seconds_read_each_process(child: subprocess.Popen[str]) -> None:
     # A command filter leaves out the processes that do not run it, and gone ones are skipped.
     assert bench._cpu_seconds([child.pid], "postgres") == {}
     assert bench._cpu_seconds([2**22 + 1]) == {}
+
+
+def test_cpu_seconds_count_every_thread_finer_than_a_tick() -> None:
+    # This process spends CPU in a second thread; the reading counts it, and a few
+    # milliseconds of work show, where clock ticks move by hundredths of a second.
+    if bench._run_time(os.getpid()) is None:
+        pytest.skip("the kernel keeps no scheduler statistics")
+
+    def spin(seconds: float) -> None:
+        t = time.thread_time()
+        while time.thread_time() - t < seconds:
+            pass
+
+    before = bench._cpu_seconds([os.getpid()])[os.getpid()]
+    worker = threading.Thread(target=spin, args=(0.2,))
+    worker.start()
+    worker.join(0.1)  # read while the thread still runs
+    during = bench._cpu_seconds([os.getpid()])[os.getpid()]
+    worker.join()
+    assert during - before >= 0.05
+    start = bench._cpu_seconds([os.getpid()])[os.getpid()]
+    spin(0.002)
+    assert 0.002 <= bench._cpu_seconds([os.getpid()])[os.getpid()] - start < 0.01
 
 
 def test_per_1000_counts_new_processes_from_zero() -> None:
