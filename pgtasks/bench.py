@@ -493,7 +493,7 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
         "PGTASKS_RESULT_EXPIRES": str(max(opts.steady_retention, STEADY_RESULTS_KEPT)),
     }
     broker = app.broker
-    vacuum_off = broker.bench_autovacuum_off()
+    vacuum_off = broker.autovacuum_off()
     with started_workers(opts, progress, env) as workers, _held_snapshot(opts) as held:
         stamp.delay(0.0).get(timeout=30)  # warm-up
         since = broker.bench_cost_sample()["now"]

@@ -1536,6 +1536,12 @@ class Broker:
             if int(row["n"]) < chunk:
                 return total
 
+    def autovacuum_off(self) -> bool:
+        """True when autovacuum is off on the server or for one of the tables that grow with
+        every task (the tasks, their results and their attempt history)."""
+        row = self._one("autovacuum_off", {"schema": self.schema})
+        return bool(row and row["off"])
+
     def health_report(
         self, window_seconds: float = 60.0, live_within: float = 30.0, timeout: float | None = None
     ) -> Row:
@@ -1656,11 +1662,6 @@ class Broker:
     def bench_wal_bytes(self, since: str) -> int:
         row = self._one("bench_wal_bytes", {"since": since})
         return int(row["bytes"]) if row else 0
-
-    def bench_autovacuum_off(self) -> bool:
-        """True when autovacuum is off on the server or for one of the growing tables."""
-        row = self._one("bench_autovacuum_off", {"schema": self.schema})
-        return bool(row and row["off"])
 
     def bench_steady_window(self, since: datetime) -> Row:
         """Latency percentiles of the results stored after ``since``, and table sizes."""

@@ -1102,6 +1102,21 @@ WITH picked AS (
 )
 SELECT (SELECT count(*) FROM done)::int AS n, COALESCE(%(until)s::timestamptz, now()) AS until
 
+-- name: autovacuum_off
+-- Whether nothing reclaims the space of the rows the queue deletes and updates: autovacuum off
+-- on the server, or turned off for the hot table, the results or the attempt history (a worker
+-- says so as it starts, and so does `pgtasks bench --only steady`).
+SELECT current_setting('autovacuum') = 'off'
+       OR EXISTS (SELECT 1
+                    FROM pg_class AS c
+                    JOIN pg_namespace AS n ON n.oid = c.relnamespace
+                   WHERE n.nspname = %(schema)s
+                     AND c.relname IN ('tasks', 'results', 'attempts')
+                     AND EXISTS (SELECT 1 FROM unnest(c.reloptions) AS o(option)
+                                  -- PostgreSQL's spellings of false, as the option was given
+                                  WHERE o.option ~* '^autovacuum_enabled=(f|fa|fal|fals|false|n|no|off|0)$')
+                 ) AS off
+
 -- name: health_report
 -- One probe: the oldest due PENDING row's wait, expired leases, dead letters (all, and within
 -- the window), and workers whose heartbeat is within %(within)s seconds.
@@ -1187,17 +1202,6 @@ SELECT pg_current_wal_lsn()::text AS lsn,
 -- name: bench_wal_bytes
 -- Bytes of WAL written since a position returned by bench_cost_sample.
 SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %(since)s::pg_lsn)::bigint AS bytes
-
--- name: bench_autovacuum_off
--- Whether nothing reclaims the space of the rows the queue deletes and updates: autovacuum off
--- on the server, or turned off for the hot table, the results or the attempt history.
-SELECT current_setting('autovacuum') = 'off'
-       OR EXISTS (SELECT 1
-                    FROM pg_class AS c
-                    JOIN pg_namespace AS n ON n.oid = c.relnamespace
-                   WHERE n.nspname = %(schema)s
-                     AND c.relname IN ('tasks', 'results', 'attempts')
-                     AND 'autovacuum_enabled=false' = ANY(c.reloptions)) AS off
 
 -- name: bench_steady_window
 -- Send-to-start latency of the bench's stamp tasks that finished after %(since)s (each result is

@@ -194,6 +194,7 @@ class Worker:
         self.pool = create_pool(self.pool_name, app, self.concurrency, self.max_tasks_per_child)
         self.pool.on_start = self._started
         self._warn_unenforced_limits()
+        self._warn_autovacuum_off()
         if self.freeze_gc:
             # Modules, tasks and settings live as long as the worker. Frozen, they are left
             # out of every collection: a full one walks only what the worker made since
@@ -279,6 +280,24 @@ class Worker:
                 tasks=limited,
                 hint="hard time limits are enforced by the prefork pool only (a thread cannot "
                 "be killed); soft time limits still raise SoftTimeLimitExceeded",
+            )
+
+    def _warn_autovacuum_off(self) -> None:
+        """Every claim and outcome leaves a dead row version that only vacuum makes reusable:
+        say so when autovacuum is off for the queue's tables."""
+        try:
+            off = self.app.broker.autovacuum_off()
+        except psycopg.Error as exc:
+            self.log.debug("worker.autovacuum_unknown", error=str(exc).strip())
+            return
+        if off:
+            self.log.warning(
+                "worker.autovacuum_off",
+                schema=self.app.broker.schema,
+                hint="autovacuum is off on this server or for the queue's tables: their dead "
+                "rows are never reclaimed, so the tables grow for as long as tasks run and "
+                "claims slow down; turn it on, or VACUUM the tables often (see "
+                "docs/operating.md)",
             )
 
     def _prepare_schema(self) -> None:

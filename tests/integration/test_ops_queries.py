@@ -277,16 +277,21 @@ def test_task_list_detail_and_overview(app: Celery, db: psycopg.Connection[Any])
     assert seen["workers"] == []
 
 
-def test_the_bench_knows_when_nothing_reclaims_the_queue_tables(
+def test_the_queue_knows_when_nothing_reclaims_its_tables(
     app: Celery, db: psycopg.Connection[Any]
 ) -> None:
-    """``pgtasks bench``'s steady phase says so when autovacuum is off: on the server (as on
-    some CI databases), or for one of the tables that grow with every task."""
+    """Workers and ``pgtasks bench``'s steady phase say so when autovacuum is off: on the
+    server (as on some CI databases), or for one of the tables that grow with every task."""
     server_off = db.execute("SELECT current_setting('autovacuum') = 'off'").fetchone()
     assert server_off is not None
     if not server_off[0]:
-        assert app.broker.bench_autovacuum_off() is False
+        assert app.broker.autovacuum_off() is False
     db.execute("ALTER TABLE attempts SET (autovacuum_enabled = false)")
-    assert app.broker.bench_autovacuum_off() is True
+    assert app.broker.autovacuum_off() is True
+    # As PostgreSQL keeps the option: spelled as it was given.
+    db.execute("ALTER TABLE attempts SET (autovacuum_enabled = 'OFF')")
+    assert app.broker.autovacuum_off() is True
+    db.execute("ALTER TABLE attempts SET (autovacuum_enabled = on)")
+    assert app.broker.autovacuum_off() is bool(server_off[0])
     db.execute("ALTER TABLE attempts RESET (autovacuum_enabled)")
-    assert app.broker.bench_autovacuum_off() is bool(server_off[0])
+    assert app.broker.autovacuum_off() is bool(server_off[0])

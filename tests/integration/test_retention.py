@@ -1,6 +1,6 @@
 """Retention: finished rows leave with their attempt history and results once past their age,
 in batches until none is left, whatever the backlog; waiting, running and dead-lettered rows
-stay."""
+stay; and a worker says so when nothing reclaims their space."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from structlog.testing import capture_logs
 
 from pgtasks import Celery, chord
 from pgtasks.broker import Success
@@ -179,3 +180,26 @@ def test_a_chord_of_members_that_ignore_results_needs_no_finished_row(
     result = chord([part.s(i) for i in range(4)])(total.s())
     with worker_factory(pool="threads", concurrency=2):
         assert result.get(timeout=20) == 4
+
+
+def test_a_worker_warns_when_autovacuum_is_off_for_the_task_table(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: Any
+) -> None:
+    off = db.execute("SELECT current_setting('autovacuum') = 'off'").fetchone()
+    assert off is not None
+    if not off[0]:
+        # On a server with autovacuum on, a worker starts without the warning.
+        with capture_logs() as logs, worker_factory():
+            pass
+        assert not [e for e in logs if e["event"] == "worker.autovacuum_off"], logs
+    db.execute("ALTER TABLE tasks SET (autovacuum_enabled = false)")
+    try:
+        with capture_logs() as logs, worker_factory():
+            pass
+    finally:
+        db.execute("ALTER TABLE tasks RESET (autovacuum_enabled)")
+    warnings = [e for e in logs if e["event"] == "worker.autovacuum_off"]
+    assert len(warnings) == 1, logs
+    assert warnings[0]["log_level"] == "warning"
+    assert warnings[0]["schema"] == app.broker.schema
+    assert "VACUUM" in warnings[0]["hint"] and "docs/operating.md" in warnings[0]["hint"]
