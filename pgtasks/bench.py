@@ -273,20 +273,22 @@ def _stat(pid: int) -> list[str] | None:
 
 def _run_time(pid: int) -> float | None:
     """CPU seconds so far of ``pid``'s threads to the nanosecond, from each one's
-    ``/proc/<pid>/task/<tid>/schedstat`` (None where the kernel keeps none). Threads that
-    ended are not counted: a worker's threads live as long as it does."""
+    ``/proc/<pid>/task/<tid>/schedstat`` (None where the kernel keeps none, or the process
+    ended as it was read). Threads that ended are not counted: a worker's threads live as long
+    as it does."""
     try:
         tids = os.listdir(f"/proc/{pid}/task")
-        total = 0
+        total = read = 0
         for tid in tids:
             with (
                 contextlib.suppress(FileNotFoundError, ProcessLookupError),
                 open(f"/proc/{pid}/task/{tid}/schedstat") as f,
             ):
                 total += int(f.read().split()[0])
+                read += 1
     except (OSError, ValueError, IndexError):
         return None
-    return total / 1e9
+    return total / 1e9 if read else None
 
 
 def _cpu_seconds(pids: Sequence[int], command: str | None = None) -> dict[int, float]:
