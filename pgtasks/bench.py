@@ -4,7 +4,8 @@ Four phases, run in the schema ``pgtasks_bench`` (created fresh, marked as the b
 comment, dropped at the end) so the application's own tasks are never touched:
 
 - ``enqueue``: ``task.delay()`` one call at a time, then ``task.apply_many()`` in batches of
-  1000, in tasks per second;
+  1000, in tasks per second, and how much of a single enqueue is its commit's wait for the disk
+  (the same enqueue with ``synchronous_commit`` on and off);
 - ``burn-down``: worker processes (``python -m pgtasks -A pgtasks.bench worker``) started and
   registered first, then N tasks made visible at once (one transaction), timed until every one
   has finished;
@@ -378,6 +379,27 @@ def _rate(n: int, seconds: float) -> float:
     return n / seconds if seconds > 0 else float("inf")
 
 
+#: Enqueues timed on each side of commit_flush_ms, in alternating blocks.
+FLUSH_SAMPLES = 300
+FLUSH_BLOCKS = 6
+
+
+def commit_flush_ms(samples: int = FLUSH_SAMPLES) -> float:
+    """Milliseconds of a single enqueue spent waiting for its commit to reach the disk: the
+    median enqueue on a session with ``synchronous_commit`` on, less the median with it off,
+    in alternating blocks on one connection (never below zero)."""
+    timed: dict[str, list[float]] = {"on": [], "off": []}
+    with contextlib.closing(app.broker.connect()) as conn:
+        for block in range(FLUSH_BLOCKS):
+            mode = "on" if block % 2 == 0 else "off"
+            conn.execute(f"SET synchronous_commit = {mode}")
+            for i in range(samples // FLUSH_BLOCKS):
+                t = time.perf_counter()
+                noop.apply_async((i,), connection=conn)
+                timed[mode].append(time.perf_counter() - t)
+    return max(0.0, (percentile(timed["on"], 50) - percentile(timed["off"], 50)) * 1000)
+
+
 def enqueue_one_by_one(n: int, progress: Progress) -> dict[str, Any]:
     t0 = time.perf_counter()
     for i in range(n):
@@ -385,8 +407,13 @@ def enqueue_one_by_one(n: int, progress: Progress) -> dict[str, Any]:
         progress.status(f"enqueue (delay) {_bar(i + 1, n)}")
     seconds = time.perf_counter() - t0
     rate = _rate(n, seconds)
-    progress.result(f"enqueue one by one: {rate:,.0f} tasks/s ({n:,} x delay)")
-    return {"tasks": n, "seconds": seconds, "tasks_per_second": rate}
+    progress.status("enqueue: timing the commit's flush")
+    flush = commit_flush_ms()
+    progress.result(
+        f"enqueue one by one: {rate:,.0f} tasks/s ({n:,} x delay); the commit's flush to disk "
+        f"takes {flush:.3f} ms of each {1000 / rate:.3f} ms"
+    )
+    return {"tasks": n, "seconds": seconds, "tasks_per_second": rate, "commit_flush_ms": flush}
 
 
 def enqueue_bulk(n: int, progress: Progress) -> dict[str, Any]:
@@ -715,6 +742,9 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
         rows.append(
             ("enqueue one by one", f"{phases['enqueue']['tasks_per_second']:,.0f}", "tasks/s")
         )
+        flush = phases["enqueue"].get("commit_flush_ms")
+        if flush is not None:
+            rows.append(("commit flush per enqueue", f"{flush:.3f}", "ms"))
     if "bulk_enqueue" in phases:
         rows.append(
             ("bulk enqueue", f"{phases['bulk_enqueue']['tasks_per_second']:,.0f}", "tasks/s")

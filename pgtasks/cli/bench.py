@@ -159,7 +159,9 @@ def bench(
     \b
     Phases:
       enqueue    delay() one call at a time (a tenth of --tasks, at least
-                 1000), then apply_many() in batches of 1000: tasks/s
+                 1000), then apply_many() in batches of 1000: tasks/s; and
+                 how long a single enqueue waits for its commit to reach
+                 the disk (synchronous_commit on against off), in ms
       burn-down  --workers worker processes drain --tasks tasks made visible
                  at once, timed from then until every task has finished: tasks/s
       latency    --latency-samples delay() calls at --rate per second on idle

@@ -74,6 +74,13 @@ def test_full_run_reports_every_phase_and_drops_its_schema(
     phases = report["phases"]
     assert set(phases) == {"enqueue", "bulk_enqueue", "burn_down", "latency"}
     assert phases["enqueue"]["tasks"] == 1000  # a tenth of --tasks, at least 1000
+    # What a single enqueue waits for its commit's flush: something wherever the server
+    # flushes its WAL at all (fsync on, as on the test databases).
+    fsync = db.execute("SELECT current_setting('fsync') = 'on'").fetchone()
+    assert fsync is not None
+    flush = phases["enqueue"]["commit_flush_ms"]
+    assert flush > 0 if fsync[0] else flush >= 0
+    assert "the commit's flush to disk takes" in done.stderr
     assert phases["bulk_enqueue"]["tasks"] == 400
     assert phases["burn_down"]["tasks"] == 400
     for name in ("enqueue", "bulk_enqueue", "burn_down"):
@@ -192,8 +199,13 @@ def test_only_enqueue_prints_the_table_and_keep_leaves_a_reusable_schema(
     lines = kept.stdout.strip().splitlines()
     assert lines[0].split() == ["PHASE", "VALUE", "UNIT"]
     phases = [line for line in lines[1:] if line.endswith(("tasks/s", "ms"))]
-    assert [p.rsplit(None, 2)[0] for p in phases] == ["enqueue one by one", "bulk enqueue"]
-    assert all(float(p.split()[-2].replace(",", "")) > 0 for p in phases)
+    assert [p.rsplit(None, 2)[0] for p in phases] == [
+        "enqueue one by one",
+        "commit flush per enqueue",
+        "bulk enqueue",
+    ]
+    rates = [p for p in phases if p.endswith("tasks/s")]
+    assert len(rates) == 2 and all(float(p.split()[-2].replace(",", "")) > 0 for p in rates)
     assert lines[-1].startswith("PostgreSQL ") and "400 tasks" in lines[-1]
     assert "burn-down" not in kept.stdout and "latency" not in kept.stdout
     assert schema_comment(db, bench_schema) == (True, "pgtasks bench")

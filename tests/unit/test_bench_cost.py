@@ -95,6 +95,15 @@ def test_the_summary_shows_worker_and_server_cpu_where_measured() -> None:
     assert not any("server CPU" in row[0] for row in rows)
 
 
+def test_the_summary_shows_the_commit_flush_of_an_enqueue() -> None:
+    report = {"phases": {"enqueue": {"tasks_per_second": 3000.0, "commit_flush_ms": 0.0824}}}
+    rows = bench.summary_rows(report)
+    assert rows == [
+        ("enqueue one by one", "3,000", "tasks/s"),
+        ("commit flush per enqueue", "0.082", "ms"),
+    ]
+
+
 def _window(finished: float, unfinished: int) -> dict[str, float]:
     return {"finished_per_second": finished, "unfinished": unfinished}
 
