@@ -306,11 +306,13 @@ def _cpu_seconds(pids: Sequence[int], command: str | None = None) -> dict[int, f
                         continue
             except OSError:
                 continue
-        fields = _stat(pid)
-        if fields is None or len(fields) <= 12:
-            continue
         exact = _run_time(pid)
-        seconds[pid] = exact if exact is not None else (int(fields[11]) + int(fields[12])) / tick
+        if exact is not None:
+            seconds[pid] = exact
+            continue
+        fields = _stat(pid)
+        if fields is not None and len(fields) > 12:
+            seconds[pid] = (int(fields[11]) + int(fields[12])) / tick
     return seconds
 
 
