@@ -10,7 +10,8 @@ comment, dropped at the end) so the application's own tasks are never touched:
   registered first, then N tasks made visible at once (one transaction), timed until every one
   has finished;
 - ``latency``: on idle workers, paced ``delay()`` calls whose task returns the time it started;
-  the percentiles of start minus send, in milliseconds;
+  the percentiles of start minus send, in milliseconds, and of its two parts: the ``delay()``
+  call itself (its commit included) and the time from its return to the task's start;
 - ``steady`` (only when asked for): enqueue and processing together at a fixed offered load
   (by default 80% of the burn-down rate) for several minutes, with latency percentiles and the
   size of the tables every ten seconds, on workers keeping finished rows for a minute.
@@ -472,16 +473,21 @@ def burn_down(n: int, workers: Workers, progress: Progress) -> dict[str, Any]:
 
 
 def latency(samples: int, rate: float, workers: Workers, progress: Progress) -> dict[str, Any]:
-    """Paced ``delay()`` calls on idle workers; start minus send, in milliseconds."""
+    """Paced ``delay()`` calls on idle workers; start minus send, in milliseconds. Each sample
+    is also split in two: the ``delay()`` call itself (its statement and its commit, flush to
+    disk included) and the time from its return to the task's start (the workers' part)."""
     stamp.delay(0.0).get(timeout=30)  # warm-up: every worker connection and statement ready
     interval = 1.0 / rate
     sent: list[Any] = []
+    calls: list[float] = []
     t0 = time.perf_counter()
     for i in range(samples):
         pause = t0 + i * interval - time.perf_counter()
         if pause > 0:
             time.sleep(pause)
+        called = time.perf_counter()
         sent.append(stamp.delay(time.time()))
+        calls.append((time.perf_counter() - called) * 1000)
         progress.status(f"latency {_bar(i + 1, samples)} sent at {rate:g}/s")
     workers.check()
     values = [float(result.get(timeout=30)) * 1000 for result in sent]
@@ -492,12 +498,29 @@ def latency(samples: int, rate: float, workers: Workers, progress: Progress) -> 
         "p90_ms": percentile(values, 90),
         "p99_ms": percentile(values, 99),
         "max_ms": max(values),
+        **latency_split(values, calls),
     }
     progress.result(
         f"delay->start latency: p50 {report['p50_ms']:.2f} ms, p90 {report['p90_ms']:.2f} ms, "
-        f"p99 {report['p99_ms']:.2f} ms (n={samples}, {rate:g}/s)"
+        f"p99 {report['p99_ms']:.2f} ms (n={samples}, {rate:g}/s); the delay() call itself: "
+        f"p50 {report['call_p50_ms']:.2f} ms, p99 {report['call_p99_ms']:.2f} ms; "
+        f"from its return to the start: p50 {report['after_return_p50_ms']:.2f} ms, "
+        f"p99 {report['after_return_p99_ms']:.2f} ms"
     )
     return report
+
+
+def latency_split(values: Sequence[float], calls: Sequence[float]) -> dict[str, float]:
+    """Percentiles of the ``delay()`` calls (``calls``, ms) and of what each sample's latency
+    (``values``, ms, in the same order) left after its call: the time from the call's return
+    to the task's start, never below zero (the two clocks are read apart by microseconds)."""
+    after = [max(0.0, value - call) for value, call in zip(values, calls, strict=True)]
+    return {
+        "call_p50_ms": percentile(calls, 50),
+        "call_p99_ms": percentile(calls, 99),
+        "after_return_p50_ms": percentile(after, 50),
+        "after_return_p99_ms": percentile(after, 99),
+    }
 
 
 def keeping_up(windows: Sequence[dict[str, Any]], rate: float) -> dict[str, Any]:
@@ -754,8 +777,14 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     if "burn_down" in phases:
         rows.append(("burn-down", f"{phases['burn_down']['tasks_per_second']:,.0f}", "tasks/s"))
     if "latency" in phases:
+        lat = phases["latency"]
         for p in ("p50", "p90", "p99"):
-            rows.append((f"delay->start {p}", f"{phases['latency'][f'{p}_ms']:.2f}", "ms"))
+            rows.append((f"delay->start {p}", f"{lat[f'{p}_ms']:.2f}", "ms"))
+        for key, label in (("call", "delay() call"), ("after_return", "start after return")):
+            for p in ("p50", "p99"):
+                value = lat.get(f"{key}_{p}_ms")
+                if value is not None:
+                    rows.append((f"{label} {p}", f"{value:.2f}", "ms"))
     if "steady" in phases:
         st = phases["steady"]
         rows.append(("steady offered load", f"{st['offered_per_second']:,.0f}", "tasks/s"))

@@ -165,7 +165,8 @@ def bench(
       burn-down  --workers worker processes drain --tasks tasks made visible
                  at once, timed from then until every task has finished: tasks/s
       latency    --latency-samples delay() calls at --rate per second on idle
-                 workers: p50/p90/p99 from send to task start, in ms
+                 workers: p50/p90/p99 from send to task start, in ms, split
+                 into the delay() call (its commit) and the rest (the workers)
       steady     only with --only: enqueue at --steady-rate while the workers
                  process, for --steady-seconds; p50/p99 and table sizes every
                  10 s, workers keeping finished rows --steady-retention seconds,
