@@ -45,6 +45,11 @@ class PgTasksAdapter(Adapter):
             "procs": [["-c", "1", "-P", "threads"]] * 2,
             "env": {"PGTASKS_HANDOFF": "false"},
         },
+        # The asyncio pool: the task is an async def, run on each worker's event loop.
+        "2proc-c1-asyncio": {
+            "procs": [["-c", "1", "-P", "asyncio"]] * 2,
+            "env": {"PGTASKS_BENCH_ASYNC": "1"},
+        },
         # Workers that keep no finished rows: a success deletes its row as it completes.
         "2proc-c1-threads-drop": {
             "procs": [["-c", "1", "-P", "threads"]] * 2,

@@ -20,9 +20,19 @@ app = Celery("benchpgtasks", broker=common.dsn(DB))
 
 # No result is stored, as the harness's Celery app runs with task_ignore_result=True and no
 # result backend: the sink counts completions. The attempt history is still written.
-@app.task(name=TASK_NAME, ignore_result=True)
-def bench_task(run: str, ts: float) -> None:
-    common.task_body(run, ts)
+if os.environ.get("PGTASKS_BENCH_ASYNC"):
+    # Workers of the asyncio pool run the task as a coroutine, as the async peers' adapters
+    # do (its body, the harness's Redis call, is the same blocking call theirs make).
+
+    @app.task(name=TASK_NAME, ignore_result=True)
+    async def bench_task(run: str, ts: float) -> None:
+        common.task_body(run, ts)
+
+else:
+
+    @app.task(name=TASK_NAME, ignore_result=True)
+    def bench_task(run: str, ts: float) -> None:
+        common.task_body(run, ts)
 
 
 # Concurrency limits under load (PGTASKS_BENCH_LIMITS, read by the adapter's bulk enqueue):

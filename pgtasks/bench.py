@@ -21,7 +21,8 @@ worker processes per 1,000 tasks, and that of the server processes serving the d
 read from ``/proc``, so only on Linux, and the server's only when it runs on this host).
 
 This module is also the workers' app: they import it with ``-A pgtasks.bench`` and read the
-database URL and schema from ``PGTASKS_DATABASE_URL`` and ``PGTASKS_SCHEMA_NAME``.
+database URL and schema from ``PGTASKS_DATABASE_URL`` and ``PGTASKS_SCHEMA_NAME``. Workers of
+the asyncio pool run ``async def`` versions of the same tasks (see ``bench_tasks``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from pgtasks import __version__
 from pgtasks.app import Celery
 from pgtasks.exceptions import PgTasksError
 from pgtasks.migrate import migrate
+from pgtasks.task import Task
 
 DEFAULT_SCHEMA = "pgtasks_bench"
 #: What ``--only`` accepts; ``enqueue`` covers the one-by-one and the bulk enqueue.
@@ -77,6 +79,25 @@ def stamp(sent: float) -> float:
     """Returns its send-to-start latency in seconds (``sent`` is the sender's ``time.time()``:
     sender and workers share the bench's host), so reading latencies reads results only."""
     return time.time() - sent
+
+
+@app.task(name="pgtasks.bench.anoop", ignore_result=True)
+async def anoop(i: int) -> None:
+    """``noop`` as a coroutine, for workers of the asyncio pool."""
+
+
+@app.task(name="pgtasks.bench.astamp")
+async def astamp(sent: float) -> float:
+    """``stamp`` as a coroutine, for workers of the asyncio pool."""
+    return time.time() - sent
+
+
+def bench_tasks(pool: str) -> tuple[Task[Any, Any], Task[Any, Any]]:
+    """The no-op task and the stamping task the workers of ``pool`` run: coroutines on the
+    asyncio pool (what it is for), plain functions on the others."""
+    if pool == "asyncio":
+        return anoop, astamp
+    return noop, stamp
 
 
 class BenchError(PgTasksError):
@@ -431,12 +452,14 @@ def enqueue_bulk(n: int, progress: Progress) -> dict[str, Any]:
     return {"tasks": n, "batch": BATCH, "seconds": seconds, "tasks_per_second": rate}
 
 
-def burn_down(n: int, workers: Workers, progress: Progress) -> dict[str, Any]:
-    """N tasks made visible at once, timed until none is waiting or running."""
+def burn_down(
+    n: int, workers: Workers, progress: Progress, task: Task[Any, Any] = noop
+) -> dict[str, Any]:
+    """N calls of ``task`` made visible at once, timed until none is waiting or running."""
     with contextlib.closing(app.broker.connect(autocommit=False)) as conn:
         for start in range(0, n, BATCH):
             stop = min(start + BATCH, n)
-            noop.apply_many([(i,) for i in range(start, stop)], connection=conn)
+            task.apply_many([(i,) for i in range(start, stop)], connection=conn)
             progress.status(f"burn-down: preparing {_bar(stop, n)}")
         # The workers start on the rows as soon as they are committed: the meter and the
         # clock start first, so that a short burn-down is not over before they read.
@@ -472,11 +495,17 @@ def burn_down(n: int, workers: Workers, progress: Progress) -> dict[str, Any]:
     return {"tasks": n, "seconds": seconds, "tasks_per_second": rate, **cost}
 
 
-def latency(samples: int, rate: float, workers: Workers, progress: Progress) -> dict[str, Any]:
+def latency(
+    samples: int,
+    rate: float,
+    workers: Workers,
+    progress: Progress,
+    task: Task[Any, Any] = stamp,
+) -> dict[str, Any]:
     """Paced ``delay()`` calls on idle workers; start minus send, in milliseconds. Each sample
     is also split in two: the ``delay()`` call itself (its statement and its commit, flush to
     disk included) and the time from its return to the task's start (the workers' part)."""
-    stamp.delay(0.0).get(timeout=30)  # warm-up: every worker connection and statement ready
+    task.delay(0.0).get(timeout=30)  # warm-up: every worker connection and statement ready
     interval = 1.0 / rate
     sent: list[Any] = []
     calls: list[float] = []
@@ -486,7 +515,7 @@ def latency(samples: int, rate: float, workers: Workers, progress: Progress) -> 
         if pause > 0:
             time.sleep(pause)
         called = time.perf_counter()
-        sent.append(stamp.delay(time.time()))
+        sent.append(task.delay(time.time()))
         calls.append((time.perf_counter() - called) * 1000)
         progress.status(f"latency {_bar(i + 1, samples)} sent at {rate:g}/s")
     workers.check()
@@ -547,9 +576,10 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
         "PGTASKS_RESULT_EXPIRES": str(max(opts.steady_retention, STEADY_RESULTS_KEPT)),
     }
     broker = app.broker
+    stamping = bench_tasks(opts.pool)[1]
     vacuum_off = broker.autovacuum_off()
     with started_workers(opts, progress, env) as workers, _held_snapshot(opts) as held:
-        stamp.delay(0.0).get(timeout=30)  # warm-up
+        stamping.delay(0.0).get(timeout=30)  # warm-up
         since = broker.bench_cost_sample()["now"]
         meter = CostMeter.start(workers)
         windows: list[dict[str, Any]] = []
@@ -565,7 +595,7 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
             if due > 0:
                 at = time.time()
                 for start in range(0, due, BATCH):
-                    stamp.apply_many([(at,)] * min(BATCH, due - start))
+                    stamping.apply_many([(at,)] * min(BATCH, due - start))
                 sent += due
             if now >= next_window:
                 workers.check()
@@ -741,11 +771,14 @@ def _run_phases(opts: Options, progress: Progress, phases: dict[str, Any]) -> No
         phases["bulk_enqueue"] = enqueue_bulk(opts.tasks, progress)
         app.broker.purge()  # the workers must find only the burn-down's tasks
     if "burn-down" in opts.phases or "latency" in opts.phases:
+        no_op, stamping = bench_tasks(opts.pool)
         with started_workers(opts, progress) as workers:
             if "burn-down" in opts.phases:
-                phases["burn_down"] = burn_down(opts.tasks, workers, progress)
+                phases["burn_down"] = burn_down(opts.tasks, workers, progress, no_op)
             if "latency" in opts.phases:
-                phases["latency"] = latency(opts.latency_samples, opts.rate, workers, progress)
+                phases["latency"] = latency(
+                    opts.latency_samples, opts.rate, workers, progress, stamping
+                )
     if "steady" in opts.phases:
         rate = opts.steady_rate
         if rate is None:

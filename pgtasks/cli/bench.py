@@ -63,10 +63,10 @@ def _database_url(ctx: click.Context, given: str | None) -> str:
 @click.option(
     "-P",
     "--pool",
-    type=click.Choice(["threads", "prefork", "solo"]),
+    type=click.Choice(["threads", "prefork", "solo", "asyncio"]),
     default="threads",
     show_default=True,
-    help="The workers' pool.",
+    help="The workers' pool (on asyncio the bench's tasks are async def).",
 )
 @click.option(
     "--prefetch-multiplier",
@@ -185,6 +185,7 @@ def bench(
     Examples:
       pgtasks bench --database-url postgresql://app@db/app
       pgtasks -A proj bench --workers 4 -c 4 --pool prefork
+      pgtasks bench --only burn-down,latency --pool asyncio -c 50
       pgtasks bench --only latency --latency-samples 1000 --rate 100
       pgtasks bench --only burn-down,steady --steady-seconds 300
       pgtasks bench --only steady --steady-rate 2000 --hold-snapshot

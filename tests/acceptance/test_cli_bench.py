@@ -142,6 +142,30 @@ def test_burn_down_on_prefork_workers_prints_their_cpu_per_task(
     assert "(prefork pool)" in done.stdout
 
 
+def test_asyncio_pool_runs_the_bench_tasks_as_coroutines(
+    env: dict[str, str], bench_schema: str, db: psycopg.Connection[Any]
+) -> None:
+    # On the asyncio pool the burn-down and the latency phase send the async def versions of
+    # the bench's tasks, which the workers run on their event loop.
+    options = ["--tasks", "200", "--only", "burn-down,latency", "--latency-samples", "10"]
+    options += ["--rate", "100", "--workers", "1", "-c", "4", "--pool", "asyncio", "--keep"]
+    done = run_cli(env, "bench", "--schema", bench_schema, *options, "--json", timeout=240)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["setup"]["pool"] == "asyncio"
+    assert report["phases"]["burn_down"]["tasks"] == 200
+    assert report["phases"]["latency"]["p50_ms"] > 0
+    names = dict(
+        db.execute(
+            sql.SQL("SELECT name, count(*) FROM {}.tasks GROUP BY name").format(
+                sql.Identifier(bench_schema)
+            )
+        ).fetchall()
+    )
+    # The warm-up call and the samples of the latency phase, and the burn-down's 200.
+    assert names == {"pgtasks.bench.anoop": 200, "pgtasks.bench.astamp": 11}
+
+
 def test_steady_phase_reports_latency_and_sizes_per_window(
     env: dict[str, str], bench_schema: str, db: psycopg.Connection[Any]
 ) -> None:
