@@ -559,11 +559,22 @@ def keeping_up(windows: Sequence[dict[str, Any]], rate: float) -> dict[str, Any]
     second = windows[len(windows) // 2 :]
     finished = sum(w["finished_per_second"] for w in second) / len(second)
     backlog = int(windows[-1]["unfinished"])
+    kept_up = backlog <= rate * KEPT_UP_SECONDS
     return {
         "finished_per_second_second_half": finished,
         "unfinished_at_end": backlog,
-        "kept_up": backlog <= rate * KEPT_UP_SECONDS,
+        "kept_up": kept_up,
+        # A rate to try next where they fell behind: 80% of what they finished.
+        "suggested_rate": None if kept_up else _round_down(0.8 * finished),
     }
+
+
+def _round_down(value: float) -> int:
+    """``value`` rounded down to two significant figures, and at least 1: 9,858 -> 9,800."""
+    if value < 1:
+        return 1
+    step = int(10 ** max(0, len(str(int(value))) - 2))
+    return int(value // step) * step
 
 
 def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
@@ -652,7 +663,8 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
         verdict = (
             f"the workers fell behind: {report['finished_per_second_second_half']:,.0f} "
             f"finished a second in the second half, {report['unfinished_at_end']:,} waiting at "
-            "the end; the figures are those of a growing backlog, so try a lower --steady-rate"
+            "the end; the figures are those of a growing backlog, so try a lower --steady-rate,"
+            f" such as {report['suggested_rate']} (80% of what they finished)"
         )
     if vacuum_off:
         verdict += (

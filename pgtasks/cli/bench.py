@@ -171,7 +171,8 @@ def bench(
                  process, for --steady-seconds; p50/p99 and table sizes every
                  10 s, workers keeping finished rows --steady-retention seconds,
                  and whether the workers kept up (the enqueueing shares this
-                 machine, so 80% of the burn-down rate may be more than they can)
+                 machine, so 80% of the burn-down rate may be more than they can;
+                 when they fell behind, it suggests a rate to try)
 
     Burn-down and steady also print WAL bytes per task, the workers' CPU time per
     1,000 tasks and, when the server runs on this host, the server's.

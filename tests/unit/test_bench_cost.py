@@ -148,6 +148,7 @@ def test_a_steady_phase_whose_backlog_stays_small_kept_up() -> None:
         "finished_per_second_second_half": 1005.0,
         "unfinished_at_end": 1500,
         "kept_up": True,
+        "suggested_rate": None,
     }
 
 
@@ -157,3 +158,16 @@ def test_a_steady_phase_whose_backlog_grows_fell_behind() -> None:
     assert verdict["kept_up"] is False
     assert verdict["unfinished_at_end"] == 6000
     assert verdict["finished_per_second_second_half"] == 800.0
+    # What to try next: 80% of what they finished, to two significant figures.
+    assert verdict["suggested_rate"] == 640
+
+
+@pytest.mark.parametrize(
+    ("finished", "suggested"),
+    [(12_323.0, 9_800), (85.0, 68), (1.0, 1), (0.0, 1), (1_000_000.0, 800_000)],
+)
+def test_the_rate_suggested_after_falling_behind_is_80_percent_rounded_down(
+    finished: float, suggested: int
+) -> None:
+    windows = [_window(finished, 10**9), _window(finished, 10**9)]
+    assert bench.keeping_up(windows, 10**6)["suggested_rate"] == suggested
