@@ -56,6 +56,9 @@ DEFAULT_PHASES = ("enqueue", "burn-down", "latency")
 WINDOW = 10.0
 #: The steady phase's workers keep results at least this long (seconds): its windows read them.
 STEADY_RESULTS_KEPT = 60.0
+#: The share of a measured rate the steady phase offers: of the burn-down's when no
+#: --steady-rate is given, and of what the workers finished in the rate it suggests next.
+STEADY_SHARE = 0.8
 #: The steady phase's workers kept up if at most this many seconds of the offered load were
 #: sent and not yet finished when it ended.
 KEPT_UP_SECONDS = 2.0
@@ -564,8 +567,8 @@ def keeping_up(windows: Sequence[dict[str, Any]], rate: float) -> dict[str, Any]
         "finished_per_second_second_half": finished,
         "unfinished_at_end": backlog,
         "kept_up": kept_up,
-        # A rate to try next where they fell behind: 80% of what they finished.
-        "suggested_rate": None if kept_up else _round_down(0.8 * finished),
+        # A rate to try next where they fell behind: a share of what they finished.
+        "suggested_rate": None if kept_up else _round_down(STEADY_SHARE * finished),
     }
 
 
@@ -664,7 +667,7 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
             f"the workers fell behind: {report['finished_per_second_second_half']:,.0f} "
             f"finished a second in the second half, {report['unfinished_at_end']:,} waiting at "
             "the end; the figures are those of a growing backlog, so try a lower --steady-rate,"
-            f" such as {report['suggested_rate']} (80% of what they finished)"
+            f" such as {report['suggested_rate']} ({STEADY_SHARE:.0%} of what they finished)"
         )
     if vacuum_off:
         verdict += (
@@ -795,8 +798,11 @@ def _run_phases(opts: Options, progress: Progress, phases: dict[str, Any]) -> No
         rate = opts.steady_rate
         if rate is None:
             if "burn_down" not in phases:
-                raise BenchError("give --steady-rate, or run the burn-down phase to take 80% of it")
-            rate = 0.8 * phases["burn_down"]["tasks_per_second"]
+                raise BenchError(
+                    "give --steady-rate, or run the burn-down phase to take "
+                    f"{STEADY_SHARE:.0%} of it"
+                )
+            rate = STEADY_SHARE * phases["burn_down"]["tasks_per_second"]
         app.broker.purge()
         phases["steady"] = steady(opts, rate, progress)
 
