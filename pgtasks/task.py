@@ -9,9 +9,9 @@ import contextvars
 import dataclasses
 import inspect
 import reprlib
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from datetime import datetime, timedelta, tzinfo
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, ParamSpec, TypeVar
 
 import structlog
 
@@ -157,16 +157,45 @@ class Task(Generic[P, R]):
         except exceptions.Retry:
             raise
         except self.autoretry_for as exc:
-            if self.retry_backoff:
-                countdown = exponential_backoff(
-                    self.request.retries,
-                    factor=float(self.retry_backoff),
-                    maximum=self.retry_backoff_max,
-                    full_jitter=self.retry_jitter,
-                )
-                self.retry(exc=exc, countdown=countdown, **self.retry_kwargs)
-            self.retry(exc=exc, **self.retry_kwargs)
-            raise  # pragma: no cover - retry always raises
+            self._autoretry(exc)
+            raise  # pragma: no cover - _autoretry always raises
+
+    @property
+    def runs_on_loop(self) -> bool:
+        """Whether the asyncio pool awaits this task's calls on its event loop itself
+        (``run_on_loop``): an ``async def`` body that no subclass's ``run`` replaces."""
+        return type(self).run is Task.run and inspect.iscoroutinefunction(self.fun)
+
+    async def run_on_loop(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], soft_time_limit: float | None
+    ) -> R:
+        """``run`` for the asyncio pool: the body's coroutine is awaited on the running loop,
+        with ``autoretry_for`` applied. Under a soft time limit it is driven step by step, so
+        that the limit is raised inside it (see ``running_on_loop``)."""
+        try:
+            value = self.fun(self, *args, **kwargs) if self.bind else self.fun(*args, **kwargs)
+            if inspect.iscoroutine(value):
+                value = await (_driven(value) if soft_time_limit else value)
+            result: R = value
+            return result
+        except exceptions.Retry:
+            raise
+        except self.autoretry_for as exc:
+            self._autoretry(exc)
+            raise  # pragma: no cover - _autoretry always raises
+
+    def _autoretry(self, exc: BaseException) -> NoReturn:
+        """Retry for an exception listed in ``autoretry_for``, with its backoff."""
+        if self.retry_backoff:
+            countdown = exponential_backoff(
+                self.request.retries,
+                factor=float(self.retry_backoff),
+                maximum=self.retry_backoff_max,
+                full_jitter=self.retry_jitter,
+            )
+            self.retry(exc=exc, countdown=countdown, **self.retry_kwargs)
+        self.retry(exc=exc, **self.retry_kwargs)
+        raise AssertionError("retry() returned")  # pragma: no cover - retry always raises
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run the function in this process, as Celery does (``request.called_directly``)."""
@@ -929,6 +958,30 @@ def terminate_coroutine(task_id: str) -> bool:
     _terminated.add(task_id)
     loop.call_soon_threadsafe(task.cancel)
     return True
+
+
+@contextlib.contextmanager
+def running_on_loop(task_id: str, soft_time_limit: float | None) -> Iterator[Callable[[], bool]]:
+    """Around a call awaited by the asyncio task running it on the pool's loop: registers it
+    for ``terminate_coroutine``, arms its soft time limit (a cancellation that ``_driven``
+    turns into ``SoftTimeLimitExceeded`` inside the body), and yields a function telling
+    whether a cancellation came from ``terminate_coroutine``."""
+    loop = asyncio.get_running_loop()
+    current = asyncio.current_task()
+    assert current is not None
+    _terminated.discard(task_id)
+    _on_the_loop[task_id] = (loop, current)
+    timer = (
+        loop.call_later(soft_time_limit, current.cancel, _SOFT_LIMIT) if soft_time_limit else None
+    )
+    try:
+        yield lambda: task_id in _terminated
+    finally:
+        if timer is not None:
+            timer.cancel()
+        if _on_the_loop.get(task_id, (None, None))[1] is current:
+            del _on_the_loop[task_id]
+        _terminated.discard(task_id)
 
 
 def _on_loop(

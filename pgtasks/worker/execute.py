@@ -1,15 +1,17 @@
 """Running one task call and describing what happened, the same way in every pool.
 
-``execute`` runs where the task runs (a pool thread or a prefork child); the ``Outcome`` it
-returns is plain data the main process turns into one fenced statement.
+``execute`` runs where the task runs (a pool thread or a prefork child), ``execute_async`` on
+the asyncio pool's event loop; the ``Outcome`` either returns is plain data the main process
+turns into one fenced statement.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import traceback as tb
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -24,6 +26,7 @@ from pgtasks.worker import task_signals, timelimits
 
 if TYPE_CHECKING:
     from pgtasks.app import Celery
+    from pgtasks.task import Task
 
 
 # Not frozen: a frozen dataclass's __init__ costs about a microsecond more (one
@@ -123,13 +126,62 @@ def add_execution_hooks(app: Celery, before: ExecutionHook, after: ExecutionHook
 def execute(app: Celery, job: Job) -> Outcome:
     """Run ``job`` and report its outcome; never raises."""
     with tracing.consumer(job.name, job.id, job.headers, job.attempt) as span:
-        outcome = _execute(app, job)
-        if outcome.kind == FAILURE:
-            tracing.failed(span, outcome.error)
-        return outcome
+        steps = _steps(app, job)
+        task = next(steps)
+        try:
+            with timelimits.soft_limit(job.soft_time_limit):
+                value = task.run(*job.args, **job.kwargs)
+        except BaseException as exc:
+            return _ended(span, steps.throw, exc)
+        return _ended(span, steps.send, value)
 
 
-def _execute(app: Celery, job: Job) -> Outcome:
+async def execute_async(app: Celery, job: Job) -> Outcome:
+    """``execute`` for a call of an ``async def`` task on the asyncio pool's event loop: the
+    same steps around the body, with the body's coroutine awaited right here, so the call never
+    leaves the loop's thread.
+
+    A soft time limit is raised inside the coroutine where it awaits; a revoke with
+    ``terminate=True`` (``terminate_coroutine``) cancels it, and the call fails with
+    ``Terminated``. Any other cancellation (the pool stopping cold) is raised on.
+    """
+    from pgtasks import task as tasks
+
+    with tracing.consumer(job.name, job.id, job.headers, job.attempt) as span:
+        steps = _steps(app, job)
+        task = next(steps)
+        with tasks.running_on_loop(job.id, job.soft_time_limit) as terminated:
+            try:
+                value = await task.run_on_loop(job.args, job.kwargs, job.soft_time_limit)
+            except asyncio.CancelledError:
+                if not terminated():
+                    steps.close()
+                    raise
+                stopped = exceptions.Terminated("revoked, and its coroutine cancelled")
+                return _ended(span, steps.throw, stopped)
+            except BaseException as exc:
+                return _ended(span, steps.throw, exc)
+        return _ended(span, steps.send, value)
+
+
+def _ended(span: Any, step: Callable[[Any], Any], value: Any) -> Outcome:
+    """Hand the body's value (``send``) or error (``throw``) to ``_steps``; the outcome it
+    ends with, marked on the call's span when it failed."""
+    try:
+        step(value)
+    except StopIteration as stop:
+        outcome: Outcome = stop.value
+    else:  # pragma: no cover
+        raise RuntimeError("a task's steps went on after its body")
+    if outcome.kind == FAILURE:
+        tracing.failed(span, outcome.error)
+    return outcome
+
+
+def _steps(app: Celery, job: Job) -> Generator[Task[Any, Any], Any, Outcome]:
+    """Everything around a call's body, as one generator for both ways of running it: it
+    yields the task, the caller runs the body and sends its value or throws its error in,
+    and the generator returns the outcome."""
     started = time.time()
     t0 = time.perf_counter()
     task = app.get_task(job.name)
@@ -160,8 +212,7 @@ def _execute(app: Celery, job: Job) -> Outcome:
         _hook(before, task, request)
     try:
         task.before_start(job.id, job.args, job.kwargs)
-        with timelimits.soft_limit(job.soft_time_limit):
-            value = task.run(*job.args, **job.kwargs)
+        value = yield task
     except exceptions.Retry as exc:
         cause = exc.exc if exc.exc is not None else exc
         einfo = _format(cause)

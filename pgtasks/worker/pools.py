@@ -26,7 +26,7 @@ import structlog
 
 from pgtasks import signals
 from pgtasks.worker import timelimits
-from pgtasks.worker.execute import FAILURE, LOST, Job, Outcome, execute
+from pgtasks.worker.execute import FAILURE, LOST, Job, Outcome, execute, execute_async
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -191,17 +191,54 @@ class SoloPool(ThreadPool):
         signals.worker_process_init.send(sender=None)
 
 
-class AsyncioPool(ThreadPool):
+class _QueueAhead(Pool):
+    """A pool that keeps the jobs beyond its free slots in a queue of its own and starts each
+    as a slot frees up."""
+
+    def __init__(self, app: Celery, concurrency: int) -> None:
+        super().__init__(app, concurrency)
+        self._queued: collections.deque[tuple[Job, Done]] = collections.deque()
+
+    def submit(self, job: Job, done: Done) -> None:
+        self.submit_many([job], done)
+
+    def waiting(self) -> int:
+        return len(self._queued)
+
+    def take_waiting(self) -> list[Job]:
+        with self._lock:
+            jobs = [job for job, _ in self._queued]
+            self._queued.clear()
+            self._busy -= len(jobs)
+        return jobs
+
+
+class AsyncioPool(_QueueAhead):
     """``async def`` task bodies interleave on one event loop in the worker process.
 
-    Each call's synchronous part (signals, hooks, retries, encoding the result) runs in one of
-    ``concurrency`` threads, which hands the coroutine to the loop and waits; the loop runs
-    every waiting call's coroutine at once. So ``-c 200`` means 200 calls in flight, and
-    clients an async task keeps at module level (an HTTP session, an async pool) are shared by
-    all of them. Plain functions run in those threads, as on the threads pool.
+    The loop runs every call of an ``async def`` task itself, from its signals and hooks to
+    encoding its result (``execute_async``): no thread hands a call to the loop and waits for
+    it, so a call costs about what it costs on the threads pool. ``-c 200`` means 200 calls in
+    flight, and clients an async task keeps at module level (an HTTP session, an async pool)
+    are shared by all of them. Plain functions (and tasks whose class replaces ``run``) run in
+    up to ``concurrency`` threads, as on the threads pool, within the same slots. Signal
+    receivers and hooks of async tasks run on the loop, so they must not block for long.
     """
 
     name = "asyncio"
+
+    def __init__(self, app: Celery, concurrency: int) -> None:
+        super().__init__(app, concurrency)
+        self._running = 0
+        #: The asyncio tasks of the calls on the loop (the loop keeps only weak references).
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._on_loop: dict[str, bool] = {}
+        self._wake_pending = False
+        # Threads for plain functions, started as needed (daemon threads, as on the threads
+        # pool: a cold stop does not wait for them).
+        self._plain: queue.SimpleQueue[tuple[Job, Done] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._idle_threads = 0
 
     def start(self) -> None:
         from pgtasks import task
@@ -212,13 +249,98 @@ class AsyncioPool(ThreadPool):
         )
         self._loop_thread.start()
         task.use_event_loop(self.loop)
-        super().start()
         # Tasks run in the worker's own process, which Celery announces the same way.
         signals.worker_process_init.send(sender=None)
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
+
+    def submit_many(self, jobs: Sequence[Job], done: Done) -> None:
+        with self._lock:
+            self._busy += len(jobs)
+            self._queued.extend((job, done) for job in jobs)
+            if self._wake_pending:
+                return  # the loop has yet to run the dispatch asked for before
+            self._wake_pending = True
+        self.loop.call_soon_threadsafe(self._dispatch)
+
+    def _runs_on_loop(self, name: str) -> bool:
+        on_loop = self._on_loop.get(name)
+        if on_loop is None:
+            task = self.app.tasks.get(name)
+            on_loop = self._on_loop[name] = task is not None and task.runs_on_loop
+        return on_loop
+
+    def _dispatch(self) -> None:
+        """Start queued jobs while there are free slots (on the loop)."""
+        while True:
+            with self._lock:
+                self._wake_pending = False
+                if not self._queued or self._running >= self.concurrency:
+                    return
+                job, done = self._queued.popleft()
+                self._running += 1
+            if self.on_start is not None and self.on_start(job) is False:
+                self._finished()
+                continue
+            if self._runs_on_loop(job.name):
+                self._tasks.add(self.loop.create_task(self._run_on_loop(job, done)))
+            else:
+                self._to_thread(job, done)
+
+    def _finished(self) -> None:
+        with self._lock:
+            self._running -= 1
+            self._busy -= 1
+
+    async def _run_on_loop(self, job: Job, done: Done) -> None:
+        try:
+            outcome = await execute_async(self.app, job)
+        except asyncio.CancelledError:
+            # Only a cold stop cancels a call other than by terminate(): it reports nothing
+            # and its lease runs out, as for a call still running in a thread.
+            raise
+        except BaseException as exc:  # execute_async() does not raise; this is a last guard
+            outcome = Outcome(job.id, job.attempt, LOST, time.time(), 0.0, error=repr(exc))
+        finally:
+            # Here rather than in a done callback: one round of the loop less a call.
+            self._tasks.discard(asyncio.current_task())
+        self._finished()
+        done(outcome)
+        self._dispatch()
+
+    def _to_thread(self, job: Job, done: Done) -> None:
+        """Run a plain function's job in an idle thread, or in a new one (never more threads
+        than slots: each runs one started job)."""
+        with self._lock:
+            spawn = self._idle_threads == 0
+            if not spawn:
+                self._idle_threads -= 1
+        self._plain.put((job, done))
+        if spawn:
+            thread = threading.Thread(
+                target=self._run_threaded, name=f"pgtasks-task-{len(self._threads)}", daemon=True
+            )
+            self._threads.append(thread)
+            thread.start()
+
+    def _run_threaded(self) -> None:
+        while True:
+            item = self._plain.get()
+            if item is None:
+                return
+            job, done = item
+            try:
+                outcome = execute(self.app, job)
+            except BaseException as exc:  # execute() does not raise; this is a last guard
+                outcome = Outcome(job.id, job.attempt, LOST, time.time(), 0.0, error=repr(exc))
+            with self._lock:
+                self._idle_threads += 1
+            self._finished()
+            done(outcome)
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the pool has stopped
+                self.loop.call_soon_threadsafe(self._dispatch)
 
     def terminate(self, task_id: str, signum: int) -> bool:
         """A coroutine can be stopped safely: it is cancelled where it awaits (whatever the
@@ -233,7 +355,16 @@ class AsyncioPool(ThreadPool):
     def stop(self, wait: bool) -> None:
         from pgtasks import task
 
-        super().stop(wait)
+        if wait:
+            # Queued jobs run too, as on the threads pool.
+            while self.busy():
+                time.sleep(0.01)
+        else:
+            # Jobs not started yet stay unstarted, and running calls are left where they are:
+            # their leases run out and others reclaim them.
+            self.take_waiting()
+        for _ in self._threads:
+            self._plain.put(None)
         task.use_event_loop(None)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._loop_thread.join(timeout=5)
@@ -280,7 +411,7 @@ def _child_main(app: Celery, conn: mpc.Connection) -> None:
         os._exit(0)
 
 
-class PreforkPool(Pool):
+class PreforkPool(_QueueAhead):
     """Child processes, one job at a time each.
 
     The pool queues ahead: jobs submitted while every child is busy wait here, and the reader
@@ -297,7 +428,6 @@ class PreforkPool(Pool):
         self.max_tasks_per_child = max_tasks_per_child or None
         self._ctx = get_context("fork")
         self._children: list[_Child] = []
-        self._queued: collections.deque[tuple[Job, Done]] = collections.deque()
         self._stopping = False
         self._reader: threading.Thread | None = None
 
@@ -315,24 +445,11 @@ class PreforkPool(Pool):
         self._reader = threading.Thread(target=self._read, name="pgtasks-prefork", daemon=True)
         self._reader.start()
 
-    def submit(self, job: Job, done: Done) -> None:
-        self.submit_many([job], done)
-
     def submit_many(self, jobs: Sequence[Job], done: Done) -> None:
         with self._lock:
             self._busy += len(jobs)
             self._queued.extend((job, done) for job in jobs)
         self._dispatch()
-
-    def waiting(self) -> int:
-        return len(self._queued)
-
-    def take_waiting(self) -> list[Job]:
-        with self._lock:
-            jobs = [job for job, _ in self._queued]
-            self._queued.clear()
-            self._busy -= len(jobs)
-        return jobs
 
     def _dispatch(self) -> None:
         """Send queued jobs to idle children (each child runs one job at a time)."""

@@ -4,6 +4,8 @@ loop of its own), with retries, failures and ``self.request`` as for plain funct
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from typing import Any
 
 import psycopg
@@ -58,10 +60,15 @@ def test_async_tasks_run_on_every_pool(
         assert me.get(timeout=15) == {"id": me.id, "cancelled": False}
 
 
+@pytest.mark.parametrize("pool", ["threads", "asyncio"])
 def test_an_async_task_retries_and_fails_like_a_plain_one(
-    app: Celery, db: psycopg.Connection[Any], tasks: dict[str, Any], worker_factory: Any
+    app: Celery,
+    db: psycopg.Connection[Any],
+    tasks: dict[str, Any],
+    worker_factory: Any,
+    pool: str,
 ) -> None:
-    with worker_factory(pool="threads"):
+    with worker_factory(pool=pool):
         retried = tasks["flaky"].delay("k")
         assert retried.get(timeout=15) == 2
         failed = tasks["boom"].delay()
@@ -147,3 +154,83 @@ def test_a_soft_time_limit_stops_an_async_call_on_the_asyncio_pool(
         # Caught, the limit lets the task finish: its value is the result.
         assert tidy.delay().get(timeout=15) == "cleaned up"
     assert seen == ["soft limit"]
+
+
+def test_the_asyncio_pool_runs_async_calls_on_its_loop_and_plain_ones_in_threads(
+    app: Celery, worker_factory: Any
+) -> None:
+    from pgtasks import signals
+    from pgtasks.utils.state import get_current_task
+
+    prerun: dict[str, str] = {}
+
+    def on_prerun(task_id: str, **kwargs: Any) -> None:
+        prerun[task_id] = threading.current_thread().name
+
+    @app.task(name="aio.where", bind=True)
+    async def where(self: Any) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        current = get_current_task()
+        return {
+            "thread": threading.current_thread().name,
+            "task": current.name if current else None,
+            "id": self.request.id,
+        }
+
+    @app.task(name="aio.plain_where")
+    def plain_where() -> str:
+        return threading.current_thread().name
+
+    signals.task_prerun.connect(on_prerun, weak=False)
+    try:
+        with worker_factory(pool="asyncio", concurrency=4):
+            call = where.delay()
+            plain = plain_where.delay()
+            answer = call.get(timeout=15)
+            plain_thread = plain.get(timeout=15)
+    finally:
+        signals.task_prerun.disconnect(on_prerun)
+    # The whole call, its signals included, runs on the loop's thread: no hand-off per call.
+    assert answer == {"thread": "pgtasks-asyncio", "task": "aio.where", "id": call.id}
+    assert prerun[call.id] == "pgtasks-asyncio"
+    assert plain_thread.startswith("pgtasks-task-") and prerun[plain.id] == plain_thread
+
+
+def test_the_asyncio_pool_runs_no_more_calls_at_once_than_its_slots(
+    app: Celery, worker_factory: Any
+) -> None:
+    running: list[int] = [0]
+    most: list[int] = [0]
+    lock = threading.Lock()
+
+    def enter() -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+
+    def leave() -> None:
+        with lock:
+            running[0] -= 1
+
+    @app.task(name="aio.slot")
+    async def slot() -> None:
+        enter()
+        try:
+            await asyncio.sleep(0.05)
+        finally:
+            leave()
+
+    @app.task(name="aio.plain_slot")
+    def plain_slot() -> None:
+        enter()
+        try:
+            time.sleep(0.05)
+        finally:
+            leave()
+
+    with worker_factory(pool="asyncio", concurrency=3):
+        results = [(slot if i % 3 else plain_slot).delay() for i in range(15)]
+        for r in results:
+            r.get(timeout=30)
+    # Async calls and plain functions share the three slots.
+    assert most[0] == 3
