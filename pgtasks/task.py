@@ -9,6 +9,7 @@ import contextvars
 import dataclasses
 import inspect
 import reprlib
+import threading
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, ParamSpec, TypeVar
@@ -938,9 +939,68 @@ def run_coroutine(coro: Coroutine[Any, Any, _T], task_id: str | None = None) -> 
     if shared is not None and shared is not running and shared.is_running():
         return _on_loop(shared, coro, task_id)
     if running is None:
+        if getattr(_thread, "keeps_loop", False):
+            return _on_thread_loop(coro)
         return asyncio.run(coro)
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pgtasks-eager") as pool:
         return pool.submit(asyncio.run, coro).result()
+
+
+#: Per thread: whether ``async def`` calls run on an event loop kept between them
+#: (``keeps_loop``, see ``event_loop_per_thread``), and that loop once made (``loop``).
+_thread = threading.local()
+
+
+@contextlib.contextmanager
+def event_loop_per_thread() -> Iterator[None]:
+    """Around a pool thread's (or a prefork child's) life: the ``async def`` calls it runs
+    run one after another on one event loop kept for it, rather than each on a new one, so
+    clients they keep at module level (bound to the loop they were made on) go on working
+    from call to call, and a call costs no loop to set up and tear down. The loop is made at
+    the first such call and closed when the thread's life ends."""
+    _thread.keeps_loop = True
+    try:
+        yield
+    finally:
+        _thread.keeps_loop = False
+        loop: asyncio.AbstractEventLoop | None = getattr(_thread, "loop", None)
+        _thread.loop = None
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+
+def _on_thread_loop(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``coro`` to its end on this thread's kept loop. As with ``asyncio.run``, the tasks
+    it leaves running are cancelled when it ends, and so is ``coro`` itself when an exception
+    raised into this thread (a soft time limit) stopped the loop before it ended."""
+    loop: asyncio.AbstractEventLoop | None = getattr(_thread, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = _thread.loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        _cancel_leftovers(loop)
+
+
+def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel the tasks a call left on ``loop`` and let them finish (``asyncio.run``'s way)."""
+    left = asyncio.all_tasks(loop)
+    if not left:
+        return
+    for task in left:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+    for task in left:
+        if not task.cancelled() and task.exception() is not None:
+            loop.call_exception_handler(
+                {
+                    "message": "unhandled exception in a task left running by a call",
+                    "exception": task.exception(),
+                    "task": task,
+                }
+            )
 
 
 #: The calls running on the asyncio pool's loop, by task id: their loop and asyncio task.

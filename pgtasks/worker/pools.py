@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from pgtasks import signals
+from pgtasks import task as task_module
 from pgtasks.worker import timelimits
 from pgtasks.worker.execute import FAILURE, LOST, Job, Outcome, execute, execute_async
 
@@ -151,6 +152,10 @@ class ThreadPool(Pool):
         return jobs
 
     def _run(self) -> None:
+        with task_module.event_loop_per_thread():
+            self._run_jobs()
+
+    def _run_jobs(self) -> None:
         while True:
             item = self._jobs.get()
             if item is None:
@@ -241,14 +246,12 @@ class AsyncioPool(_QueueAhead):
         self._idle_threads = 0
 
     def start(self) -> None:
-        from pgtasks import task
-
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(
             target=self._run_loop, name="pgtasks-asyncio", daemon=True
         )
         self._loop_thread.start()
-        task.use_event_loop(self.loop)
+        task_module.use_event_loop(self.loop)
         # Tasks run in the worker's own process, which Celery announces the same way.
         signals.worker_process_init.send(sender=None)
 
@@ -326,6 +329,10 @@ class AsyncioPool(_QueueAhead):
             thread.start()
 
     def _run_threaded(self) -> None:
+        with task_module.event_loop_per_thread():
+            self._run_plain_jobs()
+
+    def _run_plain_jobs(self) -> None:
         while True:
             item = self._plain.get()
             if item is None:
@@ -345,16 +352,12 @@ class AsyncioPool(_QueueAhead):
     def terminate(self, task_id: str, signum: int) -> bool:
         """A coroutine can be stopped safely: it is cancelled where it awaits (whatever the
         signal). A plain function running in one of the threads cannot."""
-        from pgtasks import task
-
-        if not task.terminate_coroutine(task_id):
+        if not task_module.terminate_coroutine(task_id):
             return False
         log.warning("task.terminating", task_id=task_id, signal=signal.Signals(signum).name)
         return True
 
     def stop(self, wait: bool) -> None:
-        from pgtasks import task
-
         if wait:
             # Queued jobs run too, as on the threads pool.
             while self.busy():
@@ -365,7 +368,7 @@ class AsyncioPool(_QueueAhead):
             self.take_waiting()
         for _ in self._threads:
             self._plain.put(None)
-        task.use_event_loop(None)
+        task_module.use_event_loop(None)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._loop_thread.join(timeout=5)
         if not self.loop.is_running():
@@ -394,21 +397,26 @@ def _child_main(app: Celery, conn: mpc.Connection) -> None:
     # Receivers connected at import in the parent were inherited by fork (Celery's contract).
     signals.worker_process_init.send(sender=None)
     try:
-        while True:
-            try:
-                job = conn.recv()
-            except (EOFError, OSError):
-                break
-            if job is None:
-                break
-            outcome = execute(app, job)
-            try:
-                conn.send(outcome)
-            except (BrokenPipeError, OSError):
-                break
+        with task_module.event_loop_per_thread():
+            _run_jobs(app, conn)
     finally:
         signals.worker_process_shutdown.send(sender=None, pid=os.getpid(), exitcode=0)
         os._exit(0)
+
+
+def _run_jobs(app: Celery, conn: mpc.Connection) -> None:
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        if job is None:
+            return
+        outcome = execute(app, job)
+        try:
+            conn.send(outcome)
+        except (BrokenPipeError, OSError):
+            return
 
 
 class PreforkPool(_QueueAhead):

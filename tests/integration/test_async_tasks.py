@@ -1,5 +1,6 @@
-"""``async def`` tasks run to their end on every pool (one at a time per slot, each on an event
-loop of its own), with retries, failures and ``self.request`` as for plain functions."""
+"""``async def`` tasks run to their end on every pool (on the asyncio pool interleaved on its
+loop, elsewhere one at a time per slot on a loop the slot keeps), with retries, failures and
+``self.request`` as for plain functions."""
 
 from __future__ import annotations
 
@@ -234,3 +235,64 @@ def test_the_asyncio_pool_runs_no_more_calls_at_once_than_its_slots(
             r.get(timeout=30)
     # Async calls and plain functions share the three slots.
     assert most[0] == 3
+
+
+@pytest.mark.parametrize("pool", ["threads", "solo", "prefork"])
+def test_async_calls_on_a_pool_thread_share_its_event_loop_from_call_to_call(
+    app: Celery, worker_factory: Any, pool: str
+) -> None:
+    kept: dict[str, asyncio.Future[None]] = {}
+
+    @app.task(name="aio.kept_loop")
+    async def kept_loop() -> dict[str, bool]:
+        # As a client kept at module level would: made on the first call's loop, used later.
+        loop = asyncio.get_running_loop()
+        first = kept.setdefault("future", loop.create_future())
+        await asyncio.sleep(0)
+        return {"same loop": first.get_loop() is loop, "closed": first.get_loop().is_closed()}
+
+    with worker_factory(pool=pool, concurrency=1):
+        answers = [kept_loop.delay().get(timeout=15) for _ in range(3)]
+    assert answers == [{"same loop": True, "closed": False}] * 3
+
+
+def test_tasks_an_async_call_leaves_running_are_cancelled_when_it_ends(
+    app: Celery, worker_factory: Any
+) -> None:
+    seen: list[str] = []
+
+    async def background() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    @app.task(name="aio.leaves_one")
+    async def leaves_one() -> str:
+        asyncio.get_running_loop().create_task(background())
+        await asyncio.sleep(0)
+        return "returned"
+
+    with worker_factory(pool="threads", concurrency=1):
+        assert leaves_one.delay().get(timeout=15) == "returned"
+        # Cancelled as the call ended, before its outcome was written.
+        assert seen == ["cancelled"]
+
+
+def test_a_soft_time_limit_stops_an_async_call_and_the_childs_loop_serves_the_next(
+    app: Celery, tasks: dict[str, Any], worker_factory: Any
+) -> None:
+    from pgtasks.exceptions import SoftTimeLimitExceeded
+
+    @app.task(name="aio.stuck", soft_time_limit=0.3)
+    async def stuck() -> str:
+        await asyncio.sleep(30)
+        return "woke"
+
+    # (In a prefork child the limit's signal interrupts the loop's wait at once; a thread
+    # sees it only when the loop next runs Python code.)
+    with worker_factory(pool="prefork", concurrency=1):
+        with pytest.raises(SoftTimeLimitExceeded):
+            stuck.delay().get(timeout=15)
+        assert tasks["add"].delay(20, 22).get(timeout=15) == 42
