@@ -974,14 +974,38 @@ def event_loop_per_thread() -> Iterator[None]:
 def _on_thread_loop(coro: Coroutine[Any, Any, _T]) -> _T:
     """Run ``coro`` to its end on this thread's kept loop. As with ``asyncio.run``, the tasks
     it leaves running are cancelled when it ends, and so is ``coro`` itself when an exception
-    raised into this thread (a soft time limit) stopped the loop before it ended."""
+    raised into this thread stopped the loop before it ended."""
     loop: asyncio.AbstractEventLoop | None = getattr(_thread, "loop", None)
     if loop is None or loop.is_closed():
         loop = _thread.loop = asyncio.new_event_loop()
+    call = loop.create_task(_driven(coro))
+    thread_id = threading.get_ident()
+    _thread_calls[thread_id] = (loop, call)
     try:
-        return loop.run_until_complete(coro)
+        return loop.run_until_complete(call)
     finally:
+        _thread_calls.pop(thread_id, None)
         _cancel_leftovers(loop)
+
+
+#: The call each thread is running on its kept loop, by thread id (see soft_limit_on_loop).
+_thread_calls: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = {}
+
+
+def soft_limit_on_loop(thread_id: int) -> bool:
+    """Deliver a soft time limit to the ``async def`` call that thread ``thread_id`` runs on its
+    kept loop: a cancellation that ``_driven`` raises inside it as ``SoftTimeLimitExceeded``
+    where it awaits, as on the asyncio pool (an exception raised into the thread would wait for
+    the loop's next wake-up). False when that thread runs no such call."""
+    found = _thread_calls.get(thread_id)
+    if found is None:
+        return False
+    loop, call = found
+    try:
+        loop.call_soon_threadsafe(call.cancel, _SOFT_LIMIT)
+    except RuntimeError:  # the loop is closed
+        return False
+    return True
 
 
 def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:

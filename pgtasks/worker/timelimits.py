@@ -5,7 +5,8 @@
   raises it; in the threads and solo pools a timer thread raises it asynchronously in the task's
   thread (``PyThreadState_SetAsyncExc``), which takes effect at the next Python bytecode, so a
   task blocked inside one C call (a long ``time.sleep``, a socket read) sees it when that call
-  returns.
+  returns. An ``async def`` task awaiting on its thread's event loop gets it where it awaits,
+  through the loop, in every pool.
 - The *hard* limit is only enforced by the prefork pool: the parent kills the child, starts a new
   one, and the task fails with ``TimeLimitExceeded`` (a FAILURE, never retried, as in Celery).
   A thread cannot be killed, so the threads and solo pools ignore it and the worker warns at start.
@@ -97,7 +98,7 @@ def _alarm(seconds: float) -> Iterator[None]:
 
     def fire(signum: int, frame: FrameType | None) -> None:
         # A late signal (the task has just returned) must not fail the task after the fact.
-        if armed:
+        if armed and not _on_loop(threading.get_ident()):
             raise SoftTimeLimitExceeded()
 
     previous = signal.signal(signal.SIGALRM, fire)
@@ -108,6 +109,14 @@ def _alarm(seconds: float) -> Iterator[None]:
         armed = False
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _on_loop(thread_id: int) -> bool:
+    """An ``async def`` call awaiting on the thread's event loop gets the limit where it awaits
+    (``task.soft_limit_on_loop``); True when it was delivered so."""
+    from pgtasks import task
+
+    return task.soft_limit_on_loop(thread_id)
 
 
 _set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
@@ -123,7 +132,7 @@ def _async_raise(seconds: float) -> Iterator[None]:
 
     def fire() -> None:
         with lock:
-            if state["running"]:
+            if state["running"] and not _on_loop(target):
                 state["fired"] = True
                 _set_async_exc(target, ctypes.py_object(SoftTimeLimitExceeded))
 

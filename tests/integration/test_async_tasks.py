@@ -280,8 +280,9 @@ def test_tasks_an_async_call_leaves_running_are_cancelled_when_it_ends(
         assert seen == ["cancelled"]
 
 
-def test_a_soft_time_limit_stops_an_async_call_and_the_childs_loop_serves_the_next(
-    app: Celery, tasks: dict[str, Any], worker_factory: Any
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
+def test_a_soft_time_limit_stops_an_async_call_and_the_loop_serves_the_next(
+    app: Celery, tasks: dict[str, Any], worker_factory: Any, pool: str
 ) -> None:
     from pgtasks.exceptions import SoftTimeLimitExceeded
 
@@ -290,9 +291,18 @@ def test_a_soft_time_limit_stops_an_async_call_and_the_childs_loop_serves_the_ne
         await asyncio.sleep(30)
         return "woke"
 
-    # (In a prefork child the limit's signal interrupts the loop's wait at once; a thread
-    # sees it only when the loop next runs Python code.)
-    with worker_factory(pool="prefork", concurrency=1):
+    @app.task(name="aio.tidy_up", soft_time_limit=0.3)
+    async def tidy_up() -> str:
+        try:
+            await asyncio.sleep(30)
+        except SoftTimeLimitExceeded:
+            await asyncio.sleep(0.05)  # raised where it awaits: it may still await
+            return "cleaned up"
+        return "woke"
+
+    with worker_factory(pool=pool, concurrency=1):
+        # Well before the 30 s sleep ends: the limit reaches the loop's wait at once.
         with pytest.raises(SoftTimeLimitExceeded):
-            stuck.delay().get(timeout=15)
+            stuck.delay().get(timeout=10)
+        assert tidy_up.delay().get(timeout=10) == "cleaned up"
         assert tasks["add"].delay(20, 22).get(timeout=15) == 42
