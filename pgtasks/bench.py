@@ -49,8 +49,9 @@ from pgtasks.task import Task
 
 DEFAULT_SCHEMA = "pgtasks_bench"
 #: What ``--only`` accepts; ``enqueue`` covers the one-by-one and the bulk enqueue.
-PHASES = ("enqueue", "burn-down", "latency", "steady")
-#: What runs without ``--only`` (the steady phase takes minutes: it runs when asked for).
+PHASES = ("enqueue", "burn-down", "latency", "capacity", "steady")
+#: What runs without ``--only`` (the capacity and steady phases take minutes: they run when
+#: asked for).
 DEFAULT_PHASES = ("enqueue", "burn-down", "latency")
 #: The steady phase samples latency and sizes this often (seconds).
 WINDOW = 10.0
@@ -63,6 +64,9 @@ STEADY_SHARE = 0.8
 #: sent and not yet finished when it ended.
 KEPT_UP_SECONDS = 2.0
 BATCH = 1000
+#: Waiting and running tasks the capacity phase keeps in the queue: seconds of work for one
+#: worker slot, a fraction of a second for the queue's whole rate.
+CAPACITY_BACKLOG = 5000
 
 app = Celery(
     "pgtasks.bench",
@@ -119,8 +123,10 @@ class Options:
     latency_samples: int = 300
     rate: float = 50.0
     phases: Sequence[str] = DEFAULT_PHASES
+    capacity_seconds: float = 60.0
     steady_seconds: float = 300.0
-    #: Offered load of the steady phase; None: 80% of this run's burn-down rate.
+    #: Offered load of the steady phase; None: 80% of this run's capacity (or, without the
+    #: capacity phase, of its burn-down rate).
     steady_rate: float | None = None
     #: finished_task_retention of the steady phase's workers (seconds; 0: none kept).
     steady_retention: float = 60.0
@@ -375,27 +381,37 @@ def _per_1000(start: dict[int, float], end: dict[int, float], tasks: int) -> flo
 
 @dataclass
 class CostMeter:
-    """WAL written and the server's and workers' CPU used over a stretch of work."""
+    """WAL written and the server's and workers' CPU used over a stretch of work, and that of
+    this process (which enqueues in the capacity and steady phases)."""
 
     lsn: str
     cpu: dict[int, float]
     workers: Workers
     worker_cpu: dict[int, float]
+    own_cpu: float
 
     @classmethod
     def start(cls, workers: Workers) -> CostMeter:
         sample = app.broker.bench_cost_sample()
-        return cls(str(sample["lsn"]), _server_cpu(sample["pids"]), workers, _worker_cpu(workers))
+        return cls(
+            str(sample["lsn"]),
+            _server_cpu(sample["pids"]),
+            workers,
+            _worker_cpu(workers),
+            time.process_time(),
+        )
 
     def stop(self, tasks: int) -> dict[str, float | None]:
         wal = app.broker.bench_wal_bytes(self.lsn)
         end = _server_cpu(app.broker.bench_cost_sample()["pids"])
+        own = time.process_time() - self.own_cpu
         return {
             "wal_bytes_per_task": wal / tasks if tasks else None,
             "db_cpu_ms_per_1000_tasks": _per_1000(self.cpu, end, tasks),
             "worker_cpu_ms_per_1000_tasks": _per_1000(
                 self.worker_cpu, _worker_cpu(self.workers), tasks
             ),
+            "bench_cpu_ms_per_1000_tasks": own * 1e6 / tasks if tasks else None,
         }
 
 
@@ -580,9 +596,47 @@ def _round_down(value: float) -> int:
     return int(value // step) * step
 
 
-def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
-    """Enqueue at ``rate`` per second while the workers process, for ``opts.steady_seconds``;
-    every WINDOW seconds, the latency of the tasks finished meanwhile and the table sizes."""
+class Pace:
+    """How many tasks the load loop sends now: ``due(elapsed, sent)``."""
+
+    def due(self, elapsed: float, sent: int) -> int:
+        raise NotImplementedError
+
+
+@dataclass
+class FixedRate(Pace):
+    """``rate`` tasks a second, whatever the workers finish (the steady phase)."""
+
+    rate: float
+
+    def due(self, elapsed: float, sent: int) -> int:
+        return int(self.rate * elapsed) - sent
+
+
+@dataclass
+class TopUp(Pace):
+    """As many tasks as the workers take: every ``every`` seconds, the waiting and running
+    tasks are counted and topped up to ``backlog`` (the capacity phase). The backlog is large
+    enough that a worker never finds the queue empty, and bounded, so that what the workers
+    finish is measured on a queue of the size they meet at a steady load."""
+
+    backlog: int
+    every: float = 0.05
+    _next: float = 0.0
+
+    def due(self, elapsed: float, sent: int) -> int:
+        if elapsed < self._next:
+            return 0
+        self._next = elapsed + self.every
+        return max(0, self.backlog - app.broker.count_unfinished([app.settings.default_queue]))
+
+
+def _load(
+    opts: Options, pace: Pace, seconds: float, label: str, progress: Progress
+) -> dict[str, Any]:
+    """Enqueue as ``pace`` says while the workers process, for ``seconds``; every WINDOW
+    seconds, the latency of the tasks finished meanwhile and the table sizes. The figures
+    both load phases share."""
     # The windows read the tasks' latency from their results, which are therefore kept at
     # least as long as the finished rows, and for a window's reading at least.
     env = {
@@ -597,15 +651,14 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
         since = broker.bench_cost_sample()["now"]
         meter = CostMeter.start(workers)
         windows: list[dict[str, Any]] = []
-        sent = finished = 0
+        sent = finished = sent_before = 0
         t0 = time.perf_counter()
-        end = t0 + opts.steady_seconds
+        end = t0 + seconds
         next_window = t0 + WINDOW
         while True:
             now = time.perf_counter()
-            if now >= end:
-                break
-            due = int(rate * (now - t0)) - sent
+            # The last window closes as the phase ends (its loop round sends nothing).
+            due = pace.due(now - t0, sent) if now < end else 0
             if due > 0:
                 at = time.time()
                 for start in range(0, due, BATCH):
@@ -621,6 +674,7 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
                 windows.append(
                     {
                         "at_s": round(now - t0, 1),
+                        "sent_per_second": (sent - sent_before) / WINDOW,
                         "finished_per_second": row["done"] / WINDOW,
                         "p50_ms": p50,
                         "p99_ms": p99,
@@ -632,21 +686,23 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
                     }
                 )
                 next_window += WINDOW
+                sent_before = sent
                 progress.status(
-                    f"steady {_bar(int(now - t0), int(opts.steady_seconds))} s  {rate:,.0f}/s "
-                    f"offered, p99 {p99 or 0:.1f} ms, tasks table "
-                    f"{windows[-1]['tasks_mb']:.0f} MB"
+                    f"{label} {_bar(int(now - t0), int(seconds))} s  "
+                    f"{windows[-1]['finished_per_second']:,.0f}/s finished, "
+                    f"p99 {p99 or 0:.1f} ms, tasks table {windows[-1]['tasks_mb']:.0f} MB"
                 )
+            if now >= end:
+                break
             time.sleep(0.01)
         cost = meter.stop(sent)
     if not windows:
-        raise BenchError(f"--steady-seconds must cover at least one {WINDOW:g} s window")
+        raise BenchError(f"--{label}-seconds must cover at least one {WINDOW:g} s window")
     p99s = [w["p99_ms"] for w in windows if w["p99_ms"] is not None]
     half = len(p99s) // 2 or 1
     sizes = [w["tasks_mb"] + w["results_mb"] + w["attempts_mb"] for w in windows]
-    report = {
-        "seconds": opts.steady_seconds,
-        "offered_per_second": rate,
+    return {
+        "seconds": seconds,
         "sent": sent,
         "retention_seconds": opts.steady_retention,
         "results_kept_seconds": max(opts.steady_retention, STEADY_RESULTS_KEPT),
@@ -657,9 +713,40 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
         "size_mb_last": sizes[-1],
         "windows": windows,
         "autovacuum_off": vacuum_off,
-        **keeping_up(windows, rate),
         **cost,
     }
+
+
+def _vacuum_verdict(report: dict[str, Any]) -> str:
+    if not report["autovacuum_off"]:
+        return ""
+    return (
+        "; autovacuum is off on this server (or for these tables): nothing reclaims the"
+        " space of finished rows, so the tables only grow"
+    )
+
+
+def capacity(opts: Options, progress: Progress) -> dict[str, Any]:
+    """What the workers finish a second while this process enqueues alongside them: the queue
+    is kept topped up to CAPACITY_BACKLOG tasks for ``opts.capacity_seconds``, on the steady
+    phase's workers and tasks; the rate is that of the second half's windows."""
+    report = _load(opts, TopUp(CAPACITY_BACKLOG), opts.capacity_seconds, "capacity", progress)
+    second = report["windows"][len(report["windows"]) // 2 :]
+    rate = sum(w["finished_per_second"] for w in second) / len(second)
+    report.update(backlog=CAPACITY_BACKLOG, tasks_per_second=rate)
+    progress.result(
+        f"capacity: {rate:,.0f} tasks/s finished while enqueueing alongside "
+        f"(second half of {opts.capacity_seconds:g} s, queue kept at {CAPACITY_BACKLOG:,} tasks)"
+        + _vacuum_verdict(report)
+    )
+    return report
+
+
+def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
+    """Enqueue at ``rate`` per second while the workers process, for ``opts.steady_seconds``;
+    every WINDOW seconds, the latency of the tasks finished meanwhile and the table sizes."""
+    report = _load(opts, FixedRate(rate), opts.steady_seconds, "steady", progress)
+    report = {"offered_per_second": rate, **report, **keeping_up(report["windows"], rate)}
     if report["kept_up"]:
         verdict = "the workers kept up"
     else:
@@ -669,17 +756,12 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
             "the end; the figures are those of a growing backlog, so try a lower --steady-rate,"
             f" such as {report['suggested_rate']} ({STEADY_SHARE:.0%} of what they finished)"
         )
-    if vacuum_off:
-        verdict += (
-            "; autovacuum is off on this server (or for these tables): nothing reclaims the"
-            " space of finished rows, so the tables only grow"
-        )
     progress.result(
         f"steady: {rate:,.0f} tasks/s offered for {opts.steady_seconds:g} s"
-        f"{' under a held snapshot' if held else ''}; median window "
+        f"{' under a held snapshot' if report['held_snapshot'] else ''}; median window "
         f"p99 {report['p99_ms_first_half'] or 0:.1f} ms in the first half, "
         f"{report['p99_ms_second_half'] or 0:.1f} ms in the second; tables at most "
-        f"{report['size_mb_max']:.0f} MB; {verdict}"
+        f"{report['size_mb_max']:.0f} MB; {verdict}{_vacuum_verdict(report)}"
     )
     return report
 
@@ -794,15 +876,19 @@ def _run_phases(opts: Options, progress: Progress, phases: dict[str, Any]) -> No
                 phases["latency"] = latency(
                     opts.latency_samples, opts.rate, workers, progress, stamping
                 )
+    if "capacity" in opts.phases:
+        app.broker.purge()
+        phases["capacity"] = capacity(opts, progress)
     if "steady" in opts.phases:
         rate = opts.steady_rate
         if rate is None:
-            if "burn_down" not in phases:
+            measured = phases.get("capacity") or phases.get("burn_down")
+            if measured is None:
                 raise BenchError(
-                    "give --steady-rate, or run the burn-down phase to take "
+                    "give --steady-rate, or run the capacity (or burn-down) phase to take "
                     f"{STEADY_SHARE:.0%} of it"
                 )
-            rate = STEADY_SHARE * phases["burn_down"]["tasks_per_second"]
+            rate = STEADY_SHARE * measured["tasks_per_second"]
         app.broker.purge()
         phases["steady"] = steady(opts, rate, progress)
 
@@ -836,6 +922,14 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
                 value = lat.get(f"{key}_{p}_ms")
                 if value is not None:
                     rows.append((f"{label} {p}", f"{value:.2f}", "ms"))
+    if "capacity" in phases:
+        rows.append(
+            (
+                "capacity, enqueueing alongside",
+                f"{phases['capacity']['tasks_per_second']:,.0f}",
+                "tasks/s",
+            )
+        )
     if "steady" in phases:
         st = phases["steady"]
         rows.append(("steady offered load", f"{st['offered_per_second']:,.0f}", "tasks/s"))
@@ -858,11 +952,14 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
             if value is not None:
                 rows.append((f"steady p99, {half} half", f"{value:.2f}", "ms"))
         rows.append(("steady tables, largest", f"{st['size_mb_max']:,.0f}", "MB"))
-    for key, label in (("burn_down", "burn-down"), ("steady", "steady")):
+    for key, label in (("burn_down", "burn-down"), ("capacity", "capacity"), ("steady", "steady")):
         figures = phases.get(key, {})
         if figures.get("wal_bytes_per_task") is not None:
             rows.append((f"{label} WAL per task", f"{figures['wal_bytes_per_task']:,.0f}", "bytes"))
-        for cpu_key, who in (("worker_cpu", "worker"), ("db_cpu", "server")):
+        whose = [("worker_cpu", "worker"), ("db_cpu", "server")]
+        if key != "burn_down":
+            whose.append(("bench_cpu", "enqueuer"))
+        for cpu_key, who in whose:
             value = figures.get(f"{cpu_key}_ms_per_1000_tasks")
             if value is not None:
                 rows.append((f"{label} {who} CPU per 1,000 tasks", f"{value:,.0f}", "ms"))

@@ -93,8 +93,16 @@ def _database_url(ctx: click.Context, given: str | None) -> str:
 @click.option(
     "--only",
     metavar="PHASES",
-    help="Comma-separated phases to run: enqueue, burn-down, latency, steady "
-    "(default: all but steady).",
+    help="Comma-separated phases to run: enqueue, burn-down, latency, capacity, steady "
+    "(default: all but capacity and steady).",
+)
+@click.option(
+    "--capacity-seconds",
+    metavar="S",
+    type=click.FloatRange(min=20.0),
+    default=60.0,
+    show_default=True,
+    help="How long the capacity phase runs (its rate is that of the second half).",
 )
 @click.option(
     "--steady-seconds",
@@ -108,7 +116,8 @@ def _database_url(ctx: click.Context, given: str | None) -> str:
     "--steady-rate",
     metavar="PER_S",
     type=click.FloatRange(min=1.0),
-    help="Offered load of the steady phase (default: 80% of the burn-down rate).",
+    help="Offered load of the steady phase (default: 80% of the capacity phase's rate, or of "
+    "the burn-down's without it).",
 )
 @click.option(
     "--steady-retention",
@@ -146,6 +155,7 @@ def bench(
     latency_samples: int,
     rate: float,
     only: str | None,
+    capacity_seconds: float,
     steady_seconds: float,
     steady_rate: float | None,
     steady_retention: float,
@@ -167,15 +177,20 @@ def bench(
       latency    --latency-samples delay() calls at --rate per second on idle
                  workers: p50/p90/p99 from send to task start, in ms, split
                  into the delay() call (its commit) and the rest (the workers)
-      steady     only with --only: enqueue at --steady-rate while the workers
-                 process, for --steady-seconds; p50/p99 and table sizes every
-                 10 s, workers keeping finished rows --steady-retention seconds,
-                 and whether the workers kept up (the enqueueing shares this
-                 machine, so 80% of the burn-down rate may be more than they can;
-                 when they fell behind, it suggests a rate to try)
+      capacity   only with --only: what the workers finish while this command
+                 enqueues alongside them, keeping the queue topped up to 5,000
+                 waiting tasks for --capacity-seconds: tasks/s (the enqueueing
+                 shares the database and this machine, so this is less than the
+                 burn-down rate)
+      steady     only with --only: enqueue at --steady-rate (by default 80% of
+                 the capacity) while the workers process, for --steady-seconds;
+                 p50/p99 and table sizes every 10 s, workers keeping finished
+                 rows --steady-retention seconds, and whether the workers kept up
+                 (when they fell behind, it suggests a rate to try)
 
-    Burn-down and steady also print WAL bytes per task, the workers' CPU time per
-    1,000 tasks and, when the server runs on this host, the server's.
+    Burn-down, capacity and steady also print WAL bytes per task, the workers' CPU
+    time per 1,000 tasks and, when the server runs on this host, the server's
+    (capacity and steady also this command's own, which is the enqueueing's).
 
     Everything happens in its own schema (--schema), created fresh and dropped at
     the end: your queues are never touched. A schema the bench did not create is
@@ -188,7 +203,7 @@ def bench(
       pgtasks -A proj bench --workers 4 -c 4 --pool prefork
       pgtasks bench --only burn-down,latency --pool asyncio -c 50
       pgtasks bench --only latency --latency-samples 1000 --rate 100
-      pgtasks bench --only burn-down,steady --steady-seconds 300
+      pgtasks bench --only capacity,steady --steady-seconds 300
       pgtasks bench --only steady --steady-rate 2000 --hold-snapshot
       pgtasks bench --only steady --steady-rate 2000 --steady-retention 0
       pgtasks bench --tasks 2000 --json | jq .phases.burn_down
@@ -211,6 +226,7 @@ def bench(
         latency_samples=latency_samples,
         rate=rate,
         phases=phases,
+        capacity_seconds=capacity_seconds,
         steady_seconds=steady_seconds,
         steady_rate=steady_rate,
         steady_retention=steady_retention,

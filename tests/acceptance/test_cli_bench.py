@@ -212,6 +212,44 @@ def test_steady_phase_reports_latency_and_sizes_per_window(
     assert ("autovacuum is off" in done.stderr) is off[0]
 
 
+def test_capacity_is_measured_with_enqueueing_alongside_and_sets_the_steady_rate(
+    env: dict[str, str], bench_schema: str
+) -> None:
+    done = run_cli(
+        env,
+        "bench",
+        "--schema",
+        bench_schema,
+        "--only",
+        "capacity,steady",
+        "--capacity-seconds",
+        "20",
+        "--steady-seconds",
+        "10",
+        "--workers",
+        "1",
+        "--json",
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    phases = json.loads(done.stdout)["phases"]
+    capacity = phases["capacity"]
+    assert capacity["backlog"] == 5000
+    windows = capacity["windows"]
+    assert len(windows) == 2
+    # The queue is kept topped up: what is sent follows what is finished, never far ahead.
+    for window in windows:
+        assert window["finished_per_second"] > 0 and window["sent_per_second"] > 0
+        assert window["unfinished"] <= 5000 + 1000
+    assert capacity["tasks_per_second"] == windows[1]["finished_per_second"]
+    assert capacity["bench_cpu_ms_per_1000_tasks"] > 0
+    assert "capacity:" in done.stderr and "while enqueueing alongside" in done.stderr
+    # Without --steady-rate, the steady phase offers 80% of the capacity.
+    assert phases["steady"]["offered_per_second"] == pytest.approx(
+        0.8 * capacity["tasks_per_second"]
+    )
+
+
 def test_steady_without_a_rate_needs_the_burn_down(env: dict[str, str], bench_schema: str) -> None:
     done = run_cli(env, "bench", "--schema", bench_schema, "--only", "steady")
     assert done.returncode != 0
