@@ -123,7 +123,7 @@ class Options:
     latency_samples: int = 300
     rate: float = 50.0
     phases: Sequence[str] = DEFAULT_PHASES
-    capacity_seconds: float = 60.0
+    capacity_seconds: float = 150.0
     steady_seconds: float = 300.0
     #: Offered load of the steady phase; None: 80% of this run's capacity (or, without the
     #: capacity phase, of its burn-down rate).
@@ -729,17 +729,38 @@ def _vacuum_verdict(report: dict[str, Any]) -> str:
 def capacity(opts: Options, progress: Progress) -> dict[str, Any]:
     """What the workers finish a second while this process enqueues alongside them: the queue
     is kept topped up to CAPACITY_BACKLOG tasks for ``opts.capacity_seconds``, on the steady
-    phase's workers and tasks; the rate is that of the second half's windows."""
+    phase's workers and tasks. The rate is that of the windows after the finished rows and
+    results kept have filled (from then on the pruning deletes as much as is enqueued, and its
+    cost is in the rate), or of the second half when the phase is too short for that."""
     report = _load(opts, TopUp(CAPACITY_BACKLOG), opts.capacity_seconds, "capacity", progress)
-    second = report["windows"][len(report["windows"]) // 2 :]
-    rate = sum(w["finished_per_second"] for w in second) / len(second)
-    report.update(backlog=CAPACITY_BACKLOG, tasks_per_second=rate)
+    windows = report["windows"]
+    kept = report["results_kept_seconds"]
+    settled = [w for w in windows if w["at_s"] - WINDOW >= kept]
+    measured = settled or windows[len(windows) // 2 :]
+    rate = sum(w["finished_per_second"] for w in measured) / len(measured)
+    report.update(
+        backlog=CAPACITY_BACKLOG,
+        tasks_per_second=rate,
+        measured_from_s=(len(windows) - len(measured)) * WINDOW,
+        pruning_included=bool(settled),
+    )
+    caveat = (
+        ""
+        if settled
+        else f"; shorter than the {kept:g} s rows are kept, so without the pruning's cost: "
+        f"give --capacity-seconds {_capacity_seconds(kept):g} or more"
+    )
     progress.result(
         f"capacity: {rate:,.0f} tasks/s finished while enqueueing alongside "
-        f"(second half of {opts.capacity_seconds:g} s, queue kept at {CAPACITY_BACKLOG:,} tasks)"
-        + _vacuum_verdict(report)
+        f"(from {report['measured_from_s']:g} s to {opts.capacity_seconds:g} s, queue kept at "
+        f"{CAPACITY_BACKLOG:,} tasks){caveat}{_vacuum_verdict(report)}"
     )
     return report
+
+
+def _capacity_seconds(kept: float) -> float:
+    """The shortest capacity phase that measures four windows after ``kept`` seconds."""
+    return kept + 4 * WINDOW
 
 
 def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:

@@ -100,9 +100,10 @@ def _database_url(ctx: click.Context, given: str | None) -> str:
     "--capacity-seconds",
     metavar="S",
     type=click.FloatRange(min=20.0),
-    default=60.0,
+    default=150.0,
     show_default=True,
-    help="How long the capacity phase runs (its rate is that of the second half).",
+    help="How long the capacity phase runs (its rate is that of the windows after the first "
+    "minute, once finished rows are pruned as fast as they come).",
 )
 @click.option(
     "--steady-seconds",
@@ -179,9 +180,9 @@ def bench(
                  into the delay() call (its commit) and the rest (the workers)
       capacity   only with --only: what the workers finish while this command
                  enqueues alongside them, keeping the queue topped up to 5,000
-                 waiting tasks for --capacity-seconds: tasks/s (the enqueueing
-                 shares the database and this machine, so this is less than the
-                 burn-down rate)
+                 waiting tasks for --capacity-seconds: tasks/s once the pruning
+                 keeps pace (the enqueueing and pruning share the database and
+                 this machine, so this is less than the burn-down rate)
       steady     only with --only: enqueue at --steady-rate (by default 80% of
                  the capacity) while the workers process, for --steady-seconds;
                  p50/p99 and table sizes every 10 s, workers keeping finished

@@ -241,7 +241,10 @@ def test_capacity_is_measured_with_enqueueing_alongside_and_sets_the_steady_rate
     for window in windows:
         assert window["finished_per_second"] > 0 and window["sent_per_second"] > 0
         assert window["unfinished"] <= 5000 + 1000
+    # Shorter than the minute results are kept: measured over the second half, and said so.
     assert capacity["tasks_per_second"] == windows[1]["finished_per_second"]
+    assert capacity["pruning_included"] is False and capacity["measured_from_s"] == 10
+    assert "without the pruning's cost: give --capacity-seconds 100 or more" in done.stderr
     assert capacity["bench_cpu_ms_per_1000_tasks"] > 0
     assert "capacity:" in done.stderr and "while enqueueing alongside" in done.stderr
     # Without --steady-rate, the steady phase offers 80% of the capacity.
