@@ -37,7 +37,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import psycopg
 
@@ -575,8 +575,7 @@ def keeping_up(windows: Sequence[dict[str, Any]], rate: float) -> dict[str, Any]
     """Whether the workers kept up with the offered ``rate`` over the steady phase's windows:
     the rate they finished at in the second half, the tasks sent and not yet finished at the
     end, and ``kept_up`` when those were at most KEPT_UP_SECONDS of the offered load."""
-    second = windows[len(windows) // 2 :]
-    finished = sum(w["finished_per_second"] for w in second) / len(second)
+    finished = _finished_rate(windows[len(windows) // 2 :])
     backlog = int(windows[-1]["unfinished"])
     kept_up = backlog <= rate * KEPT_UP_SECONDS
     return {
@@ -588,6 +587,11 @@ def keeping_up(windows: Sequence[dict[str, Any]], rate: float) -> dict[str, Any]
     }
 
 
+def _finished_rate(windows: Sequence[dict[str, Any]]) -> float:
+    """The mean of ``windows``' finished-per-second rates."""
+    return float(sum(w["finished_per_second"] for w in windows)) / len(windows)
+
+
 def _round_down(value: float) -> int:
     """``value`` rounded down to two significant figures, and at least 1: 9,858 -> 9,800."""
     if value < 1:
@@ -596,15 +600,14 @@ def _round_down(value: float) -> int:
     return int(value // step) * step
 
 
-class Pace:
+class Pace(Protocol):
     """How many tasks the load loop sends now: ``due(elapsed, sent)``."""
 
-    def due(self, elapsed: float, sent: int) -> int:
-        raise NotImplementedError
+    def due(self, elapsed: float, sent: int) -> int: ...
 
 
 @dataclass
-class FixedRate(Pace):
+class FixedRate:
     """``rate`` tasks a second, whatever the workers finish (the steady phase)."""
 
     rate: float
@@ -614,7 +617,7 @@ class FixedRate(Pace):
 
 
 @dataclass
-class TopUp(Pace):
+class TopUp:
     """As many tasks as the workers take: every ``every`` seconds, the waiting and running
     tasks are counted and topped up to ``backlog`` (the capacity phase). The backlog is large
     enough that a worker never finds the queue empty, and bounded, so that what the workers
@@ -737,7 +740,7 @@ def capacity(opts: Options, progress: Progress) -> dict[str, Any]:
     kept = report["results_kept_seconds"]
     settled = [w for w in windows if w["at_s"] - WINDOW >= kept]
     measured = settled or windows[len(windows) // 2 :]
-    rate = sum(w["finished_per_second"] for w in measured) / len(measured)
+    rate = _finished_rate(measured)
     report.update(
         backlog=CAPACITY_BACKLOG,
         tasks_per_second=rate,
