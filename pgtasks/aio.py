@@ -112,13 +112,22 @@ class AsyncBroker:
         with _storage_errors(msg.id):
             if msg.unique is None:
                 name = broker.insert_statement(msg, conn is not None)
+                params = broker._params(msg)
+                if name == "insert_task_handoff":
+                    if broker.early_ok is None:
+                        found = await self._all("early_commit_allowed", {}, None, tuple_row)
+                        broker.early_ok = bool(found and found[0][0])
+                    params["early"] = broker.early_ok
                 try:
-                    await self._all(name, broker._params(msg), conn)
+                    found = await self._all(name, params, conn, tuple_row)
                 except NO_HANDOFF:
                     if name == "insert_task":
                         raise
-                    await self._all("insert_task", broker._params(msg), conn)
+                    await self._all("insert_task", params, conn)
                     broker.handoff_missing()
+                else:
+                    if broker.committed_early(name, params, found):
+                        await self._all("flush_commit", {}, None, tuple_row)
                 return msg.id
             name, params, tries = broker.unique_plan(msg)
             for _ in range(tries):

@@ -350,6 +350,8 @@ class Broker:
         # Whether COPY may load tasks: not where row-level security applies to this role
         # (`pgtasks grants`), which PostgreSQL refuses COPY FROM for. None: not known yet.
         self._copy_ok: bool | None = None
+        #: Whether hand-offs may commit before the WAL flush (see early_commits).
+        self.early_ok: bool | None = None
         # Until when single enqueues do not offer hand-offs (see insert_statement).
         self._handoff_again = 0.0
         self.prepare_threshold: int | None = 5 if prepared_statements else None
@@ -581,6 +583,9 @@ class Broker:
             "payload_raw": msg.body.raw,
             "headers": _HEADERS_JSON(msg.headers),
             "max_retries": msg.max_retries,
+            # A hand-off may commit before the WAL flush (see insert_task_handoff) only where
+            # the caller waits for the flush afterwards: enqueue sets it.
+            "early": False,
         }
 
     def insert_statement(self, msg: TaskMessage, in_transaction: bool) -> str:
@@ -608,15 +613,39 @@ class Broker:
         with _storage_errors(msg.id):
             if msg.unique is None:
                 name = self.insert_statement(msg, conn is not None)
+                params = self._params(msg)
+                if name == "insert_task_handoff":
+                    params["early"] = self.early_commits()
                 try:
-                    self._all(name, self._params(msg), conn)
+                    found: list[Any] = self._all(name, params, conn, row_factory=tuple_row)
                 except NO_HANDOFF:
                     if name == "insert_task":
                         raise
-                    self._all("insert_task", self._params(msg), conn)
+                    self._all("insert_task", params, conn)
                     self.handoff_missing()
+                else:
+                    if self.committed_early(name, params, found):
+                        self._all("flush_commit", {}, row_factory=tuple_row)
                 return msg.id
             return self._enqueue_unique(msg, conn)
+
+    def early_commits(self) -> bool:
+        """Whether hand-offs may commit before the WAL flush, this role being allowed to
+        wait for the flush afterwards (see flush_commit); asked once per process."""
+        if self.early_ok is None:
+            found: list[Any] = self._all("early_commit_allowed", {}, row_factory=tuple_row)
+            self.early_ok = bool(found and found[0][0])
+        return self.early_ok
+
+    @staticmethod
+    def committed_early(name: str, params: Mapping[str, Any], found: Sequence[Any]) -> bool:
+        """Whether an enqueue's statement may have committed before the WAL flush: a hand-off
+        (see insert_task_handoff), whose caller then runs flush_commit before it returns. No
+        row back means a retry on a new connection met the row of an attempt that committed
+        as its connection broke, which may have been a hand-off."""
+        if name != "insert_task_handoff" or not params.get("early"):
+            return False
+        return not found or bool(found[0][0])
 
     #: How often a unique enqueue looks again for a holder that changed as it looked.
     UNIQUE_TRIES = 20

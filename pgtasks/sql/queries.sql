@@ -22,6 +22,11 @@ VALUES
 -- ever, at the cost of one look at an empty table. OFFSET 0 keeps "o" a subquery of its own,
 -- so that hand_off runs once. A row left PENDING wakes a waiting worker itself (wake, which
 -- notifies only while one waits), and "gated" keeps the trigger tasks_notify_insert off.
+-- Where %(early)s, a handed-off row commits without waiting for the WAL flush ("early"), so
+-- that its NOTIFY leaves, and the task starts, while the disk is still writing; the caller
+-- then runs flush_commit before it returns (RETURNING says when), and the row is on disk by
+-- then all the same. A crash of the server in between can take back a row whose task has
+-- started: the caller's enqueue fails, and the worker's fenced write finds no row.
 INSERT INTO {schema}.tasks
     (id, name, queue, priority, run_at, expires_at, content_type, content_encoding,
      payload, payload_raw, headers, max_retries, status, attempt, claimed_by, lease_until)
@@ -34,7 +39,9 @@ SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, o.run_at, o.expires_at,
   FROM (SELECT h.w, h.run_at, h.expires_at,
                CASE WHEN (h.w).worker IS NULL AND h.run_at <= now()
                     THEN {schema}.wake(%(queue)s::text) END AS woke,
-               set_config('pgtasks.gated', 'on', true) AS gated
+               set_config('pgtasks.gated', 'on', true) AS gated,
+               CASE WHEN %(early)s::bool AND (h.w).worker IS NOT NULL
+                    THEN set_config('synchronous_commit', 'off', true) END AS early
           FROM (
         SELECT CASE WHEN v.run_at <= now() AND (v.expires_at IS NULL OR v.expires_at > now())
                      AND EXISTS (SELECT 1 FROM {schema}.parked_workers
@@ -54,6 +61,21 @@ SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, o.run_at, o.expires_at,
                          AS expires_at) AS v
         OFFSET 0) AS h
         OFFSET 0) AS o
+RETURNING claimed_by IS NOT NULL AS handed_off
+
+-- name: flush_commit
+-- Returns once the WAL written before it is on disk (and, under synchronous replication, on
+-- the standbys the session's synchronous_commit waits for). A transaction that writes no WAL
+-- commits without waiting for the flush, so this one writes the smallest record there is: an
+-- empty transactional message (seen only by logical decoding clients that ask for messages,
+-- under the prefix "pgtasks"), and its commit waits for the flush up to it.
+SELECT pg_logical_emit_message(true, 'pgtasks', '') IS NOT NULL AS flushed
+
+-- name: early_commit_allowed
+-- Whether this role may run flush_commit (EXECUTE on pg_logical_emit_message is granted to
+-- PUBLIC unless an administrator revoked it): without it, hand-offs wait for the flush.
+SELECT has_function_privilege('pg_logical_emit_message(boolean, text, text)', 'EXECUTE')
+       AS allowed
 
 -- name: record_effect
 -- Record that the task did the named effect, in the caller's transaction (or at once outside

@@ -244,6 +244,8 @@ def test_a_producer_role_hands_tasks_to_parked_workers(
         assert one(db, "SELECT claimed_by FROM tasks WHERE id = %s", (handed.id,)) == {
             "claimed_by": "ghost"
         }
+        # It may wait for the WAL flush itself, so its hand-offs commit before the flush.
+        assert producer.broker.early_ok is True
         # A producer granted its rights before the schema had the hand-off's table: its
         # enqueues go the plain way.
         db.execute(f'REVOKE ALL ON parked_workers FROM "{roles.producer}"')

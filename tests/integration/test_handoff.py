@@ -5,9 +5,10 @@ a stop) still runs the task once."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -17,7 +18,7 @@ from psycopg import sql
 from pgtasks import Celery
 from pgtasks.broker import handed_off, handoff_channel
 from pgtasks.worker import Worker
-from tests.apps.harness import attempts, one, rows, status, task_row, wait_until
+from tests.apps.harness import Row, attempts, one, rows, status, task_row, wait_until
 
 
 @pytest.fixture
@@ -121,6 +122,141 @@ def test_no_hand_off_inside_a_transaction_or_in_bulk(
     for task_id in [inside.id, *(r.id for r in bulk)]:
         assert status(db, task_id) == "PENDING"
     assert parked(db, "ghost")
+
+
+@pytest.fixture
+def commit_modes(app: Celery, db: psycopg.Connection[Any]) -> Callable[[], dict[str, Row]]:
+    """Record, for every row inserted into tasks, the synchronous_commit its transaction
+    commits with and the WAL position of the insert; returns a reader of those records."""
+    schema = sql.Identifier(app.broker.schema)
+    db.execute(
+        sql.SQL(
+            """
+            CREATE TABLE {s}.commit_modes (task_id text, mode text, at pg_lsn);
+            CREATE FUNCTION {s}.note_commit_mode() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                INSERT INTO {s}.commit_modes
+                VALUES (NEW.id, current_setting('synchronous_commit'),
+                        pg_current_wal_insert_lsn());
+                RETURN NULL;
+            END $$;
+            CREATE TRIGGER note_commit_mode AFTER INSERT ON {s}.tasks
+                FOR EACH ROW EXECUTE FUNCTION {s}.note_commit_mode();
+            """
+        ).format(s=schema)
+    )
+
+    def read() -> dict[str, Row]:
+        found = rows(db, sql.SQL("SELECT * FROM {}.commit_modes").format(schema).as_string(db))
+        return {row["task_id"]: row for row in found}
+
+    return read
+
+
+def statements_of(app: Celery, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the statements the app's broker runs from now on, in order."""
+    names: list[str] = []
+    run_all = app.broker._all
+
+    def spy(name: str, *args: Any, **kwargs: Any) -> Any:
+        names.append(name)
+        return run_all(name, *args, **kwargs)
+
+    monkeypatch.setattr(app.broker, "_all", spy)
+    return names
+
+
+def test_a_handed_off_row_commits_before_the_flush_and_the_enqueue_returns_after_it(
+    app: Celery,
+    db: psycopg.Connection[Any],
+    listening: psycopg.Connection[Any],
+    commit_modes: Callable[[], dict[str, Row]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hand-off commits without waiting for the disk, so that its worker hears of it and
+    starts the task at once; the enqueue still returns only once the row is on disk."""
+    default = one(db, "SELECT current_setting('synchronous_commit') AS mode")["mode"]
+    assert default != "off"  # otherwise nothing here could tell the two apart
+    park_ghost(app)
+    names = statements_of(app, monkeypatch)
+    handed = app.send_task("handoff.any")
+    # Whether the role may wait for the flush is asked once, before the first hand-off.
+    assert names == ["early_commit_allowed", "insert_task_handoff", "flush_commit"]
+    names.clear()
+    on_disk = one(
+        db,
+        "SELECT pg_current_wal_flush_lsn() >= %s AS done",
+        (commit_modes()[handed.id]["at"],),
+    )
+    assert on_disk["done"]
+    plain = app.send_task("handoff.any")  # the park is used up: no hand-off
+    assert names == ["insert_task_handoff"]
+    modes = {task_id: row["mode"] for task_id, row in commit_modes().items()}
+    assert modes == {handed.id: "off", plain.id: default}
+    assert (status(db, handed.id), status(db, plain.id)) == ("RUNNING", "PENDING")
+    (payload,) = notes(listening)
+    assert handed_off(payload)[1] == handed.id
+
+
+def test_an_async_hand_off_also_returns_once_its_row_is_on_disk(
+    app: Celery,
+    db: psycopg.Connection[Any],
+    listening: psycopg.Connection[Any],
+    commit_modes: Callable[[], dict[str, Row]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pgtasks.aio import AsyncBroker
+
+    names: list[str] = []
+    run_all = AsyncBroker._all
+
+    async def spy(self: AsyncBroker, name: str, *args: Any, **kwargs: Any) -> Any:
+        names.append(name)
+        return await run_all(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(AsyncBroker, "_all", spy)
+
+    @app.task(name="handoff.async")
+    def anything() -> None:
+        pass
+
+    async def main() -> tuple[str, str]:
+        try:
+            park_ghost(app)
+            handed = await anything.delay_async()
+            plain = await anything.delay_async()
+            return handed.id, plain.id
+        finally:
+            await app.close_async()
+
+    handed, plain = asyncio.run(main())
+    assert names == [
+        "early_commit_allowed",
+        "insert_task_handoff",
+        "flush_commit",
+        "insert_task_handoff",
+    ]
+    modes = {task_id: row["mode"] for task_id, row in commit_modes().items()}
+    assert modes[handed] == "off" and modes[plain] != "off"
+    assert (status(db, handed), status(db, plain)) == ("RUNNING", "PENDING")
+
+
+def test_a_role_that_cannot_wait_for_the_flush_hands_off_with_a_durable_commit(
+    app: Celery,
+    db: psycopg.Connection[Any],
+    listening: psycopg.Connection[Any],
+    commit_modes: Callable[[], dict[str, Row]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where EXECUTE on pg_logical_emit_message was revoked, flush_commit would fail: the
+    hand-off then commits the way the session says, and nothing more is run."""
+    app.broker.early_ok = False
+    park_ghost(app)
+    names = statements_of(app, monkeypatch)
+    handed = app.send_task("handoff.any")
+    assert names == ["insert_task_handoff"]
+    assert status(db, handed.id) == "RUNNING"
+    assert commit_modes()[handed.id]["mode"] != "off"
 
 
 def test_an_idle_worker_runs_a_delay_without_claiming_it(
