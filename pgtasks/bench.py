@@ -1,6 +1,6 @@
 """``pgtasks bench``: what pgtasks does on your database, measured with no-op tasks.
 
-Four phases, run in the schema ``pgtasks_bench`` (created fresh, marked as the bench's by its
+Five phases, run in the schema ``pgtasks_bench`` (created fresh, marked as the bench's by its
 comment, dropped at the end) so the application's own tasks are never touched:
 
 - ``enqueue``: ``task.delay()`` one call at a time, then ``task.apply_many()`` in batches of
@@ -11,10 +11,15 @@ comment, dropped at the end) so the application's own tasks are never touched:
   has finished;
 - ``latency``: on idle workers, paced ``delay()`` calls whose task returns the time it started;
   the percentiles of start minus send, in milliseconds, and of its two parts: the ``delay()``
-  call itself (its commit included) and the time from its return to the task's start;
+  call itself (its commit included) and the time from its return to the task's start
+  (negative when the task started first: a task handed to a waiting worker starts as its row
+  commits, while the call waits for the flush to disk);
+- ``capacity`` (only when asked for): what the workers finish while the bench enqueues
+  alongside them, keeping the queue topped up, once the pruning keeps pace;
 - ``steady`` (only when asked for): enqueue and processing together at a fixed offered load
-  (by default 80% of the burn-down rate) for several minutes, with latency percentiles and the
-  size of the tables every ten seconds, on workers keeping finished rows for a minute.
+  (by default 80% of the capacity, else of the burn-down rate) for several minutes, with
+  latency percentiles and the size of the tables every ten seconds, on workers keeping
+  finished rows for a minute.
 
 Burn-down and steady also report what a task costs: WAL bytes per task, the CPU time of the
 worker processes per 1,000 tasks, and that of the server processes serving the database (both
@@ -523,7 +528,8 @@ def latency(
 ) -> dict[str, Any]:
     """Paced ``delay()`` calls on idle workers; start minus send, in milliseconds. Each sample
     is also split in two: the ``delay()`` call itself (its statement and its commit, flush to
-    disk included) and the time from its return to the task's start (the workers' part)."""
+    disk included) and the time from its return to the task's start, negative where the task
+    started before the call returned."""
     task.delay(0.0).get(timeout=30)  # warm-up: every worker connection and statement ready
     interval = 1.0 / rate
     sent: list[Any] = []
@@ -561,8 +567,9 @@ def latency(
 def latency_split(values: Sequence[float], calls: Sequence[float]) -> dict[str, float]:
     """Percentiles of the ``delay()`` calls (``calls``, ms) and of what each sample's latency
     (``values``, ms, in the same order) left after its call: the time from the call's return
-    to the task's start, never below zero (the two clocks are read apart by microseconds)."""
-    after = [max(0.0, value - call) for value, call in zip(values, calls, strict=True)]
+    to the task's start, negative where the task started first (a task handed to a waiting
+    worker starts as its row commits, while the call waits for the flush to disk)."""
+    after = [value - call for value, call in zip(values, calls, strict=True)]
     return {
         "call_p50_ms": percentile(calls, 50),
         "call_p99_ms": percentile(calls, 99),

@@ -177,7 +177,9 @@ def bench(
                  at once, timed from then until every task has finished: tasks/s
       latency    --latency-samples delay() calls at --rate per second on idle
                  workers: p50/p90/p99 from send to task start, in ms, split
-                 into the delay() call (its commit) and the rest (the workers)
+                 into the delay() call (its commit) and the start after its
+                 return (below zero: a task handed to an idle worker starts
+                 as its row commits, before the call's wait for the disk ends)
       capacity   only with --only: what the workers finish while this command
                  enqueues alongside them, keeping the queue topped up to 5,000
                  waiting tasks for --capacity-seconds: tasks/s once the pruning

@@ -104,16 +104,19 @@ def test_the_summary_shows_the_commit_flush_of_an_enqueue() -> None:
     ]
 
 
-def test_latency_splits_into_the_delay_call_and_the_workers_part() -> None:
+def test_latency_splits_into_the_delay_call_and_the_start_after_its_return() -> None:
     # Send-to-start latencies and the delay() calls of the same samples, in ms. A call longer
-    # than its sample's latency (the clocks are read microseconds apart) leaves zero, not less.
+    # than its sample's latency (a task handed to an idle worker starts as its row commits,
+    # while the call waits for the flush) leaves a negative start after the return.
     values = [2.0, 3.0, 1.5, 10.0, 2.5]
     calls = [1.5, 2.0, 1.6, 2.0, 2.0]
     split = bench.latency_split(values, calls)
     assert split["call_p50_ms"] == pytest.approx(2.0)
     assert split["call_p99_ms"] == pytest.approx(2.0)
-    # What is left after each call: 0.5, 1.0, 0.0, 8.0, 0.5.
+    # What is left after each call: 0.5, 1.0, -0.1, 8.0, 0.5.
     assert split["after_return_p50_ms"] == pytest.approx(0.5)
+    early = bench.latency_split([1.0, 1.1, 1.2], [1.3, 1.3, 1.3])
+    assert early["after_return_p50_ms"] == pytest.approx(-0.2)
     assert split["after_return_p99_ms"] == pytest.approx(1.0 + (8.0 - 1.0) * 0.96)
     with pytest.raises(ValueError):
         bench.latency_split([1.0, 2.0], [1.0])
