@@ -69,13 +69,20 @@ RETURNING claimed_by IS NOT NULL AS handed_off
 -- commits without waiting for the flush, so this one writes the smallest record there is: an
 -- empty transactional message (seen only by logical decoding clients that ask for messages,
 -- under the prefix "pgtasks"), and its commit waits for the flush up to it.
-SELECT pg_logical_emit_message(true, 'pgtasks', '') IS NOT NULL AS flushed
+SELECT pg_logical_emit_message(true, 'pgtasks', ''::text) IS NOT NULL AS flushed
 
 -- name: early_commit_allowed
 -- Whether this role may run flush_commit (EXECUTE on pg_logical_emit_message is granted to
--- PUBLIC unless an administrator revoked it): without it, hand-offs wait for the flush.
-SELECT has_function_privilege('pg_logical_emit_message(boolean, text, text)', 'EXECUTE')
-       AS allowed
+-- PUBLIC unless an administrator revoked it): without it, hand-offs wait for the flush. By
+-- its oid: PostgreSQL 17 added a fourth argument (flush, false by default).
+SELECT EXISTS (
+    SELECT 1
+      FROM pg_catalog.pg_proc
+     WHERE proname = 'pg_logical_emit_message'
+       AND pronamespace = 'pg_catalog'::regnamespace
+       AND proargtypes[2] = 'text'::regtype
+       AND has_function_privilege(oid, 'EXECUTE')
+) AS allowed
 
 -- name: record_effect
 -- Record that the task did the named effect, in the caller's transaction (or at once outside
