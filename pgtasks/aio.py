@@ -114,10 +114,11 @@ class AsyncBroker:
                 name = broker.insert_statement(msg, conn is not None)
                 params = broker._params(msg)
                 if name == "insert_task_handoff":
-                    if broker.early_ok is None:
-                        found = await self._all("early_commit_allowed", {}, None, tuple_row)
-                        broker.early_ok = bool(found and found[0][0])
-                    params["early"] = broker.early_ok
+                    early = broker.early_ok
+                    if early is None:
+                        asked = await self._all("early_commit_allowed", {}, None, tuple_row)
+                        early = broker.note_early_commits(asked)
+                    params["early"] = early
                 try:
                     found = await self._all(name, params, conn, tuple_row)
                 except NO_HANDOFF:

@@ -633,8 +633,15 @@ class Broker:
         """Whether hand-offs may commit before the WAL flush, this role being allowed to
         wait for the flush afterwards (see flush_commit); asked once per process."""
         if self.early_ok is None:
-            found: list[Any] = self._all("early_commit_allowed", {}, row_factory=tuple_row)
-            self.early_ok = bool(found and found[0][0])
+            return self.note_early_commits(
+                self._all("early_commit_allowed", {}, row_factory=tuple_row)
+            )
+        return self.early_ok
+
+    def note_early_commits(self, found: Sequence[Any]) -> bool:
+        """Keep early_commit_allowed's answer (``found``, its rows as tuples) for this process,
+        and return it (pgtasks.aio asks the same question on its own connections)."""
+        self.early_ok = bool(found and found[0][0])
         return self.early_ok
 
     @staticmethod
