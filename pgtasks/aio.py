@@ -20,6 +20,7 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from pgtasks.broker import NO_HANDOFF, Broker, Row, _storage_errors, result_channel
+from pgtasks.pools import AsyncLifoConnectionPool
 
 if TYPE_CHECKING:
     from pgtasks.message import TaskMessage
@@ -43,7 +44,7 @@ class AsyncBroker:
         pool = self._pools.get(loop)
         if pool is None:
             b = self.broker
-            pool = AsyncConnectionPool(
+            pool = AsyncLifoConnectionPool(
                 b.dsn,
                 min_size=1,
                 max_size=b.max_size,

@@ -41,6 +41,7 @@ from pgtasks.exceptions import (
     QuotaExceeded,
 )
 from pgtasks.message import ClaimedTask, TaskMessage
+from pgtasks.pools import LifoConnectionPool
 from pgtasks.serialization import one_shot, whole_document
 from pgtasks.sql import queries
 
@@ -398,7 +399,7 @@ class Broker:
                         # A pool inherited through fork: its sockets belong to the parent.
                         # Keep a reference so that garbage collection never closes them here.
                         self._inherited.append(self._pool)
-                    self._pool = ConnectionPool(
+                    self._pool = LifoConnectionPool(
                         self.dsn,
                         min_size=self.min_size,
                         max_size=self.max_size,

@@ -1,0 +1,108 @@
+"""The producer's pools serve the connection returned last: one caller keeps one backend."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgtasks import Celery
+from pgtasks.pools import AsyncLifoConnectionPool, LifoConnectionPool
+
+
+@pytest.fixture
+def backends(app: Celery, db: psycopg.Connection[Any]) -> Any:
+    """Record the backend that inserts each task row; returns a reader of (id, pid) pairs."""
+    schema = sql.Identifier(app.broker.schema)
+    db.execute(
+        sql.SQL(
+            """
+            CREATE TABLE {s}.inserted_by (seq serial, task_id text, pid int);
+            CREATE FUNCTION {s}.note_backend() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                INSERT INTO {s}.inserted_by (task_id, pid) VALUES (NEW.id, pg_backend_pid());
+                RETURN NULL;
+            END $$;
+            CREATE TRIGGER note_backend AFTER INSERT ON {s}.tasks
+                FOR EACH ROW EXECUTE FUNCTION {s}.note_backend();
+            """
+        ).format(s=schema)
+    )
+
+    def read() -> list[tuple[str, int]]:
+        query = sql.SQL("SELECT task_id, pid FROM {}.inserted_by ORDER BY seq").format(schema)
+        return [(str(r[0]), int(r[1])) for r in db.execute(query).fetchall()]
+
+    return read
+
+
+def test_one_thread_enqueues_on_the_connection_it_used_last(app: Celery, backends: Any) -> None:
+    @app.task(name="pools.noop")
+    def noop() -> None:
+        return None
+
+    pool = app.broker.pool
+    assert isinstance(pool, LifoConnectionPool)
+    # Two connections in the pool, the one returned last on top.
+    first = pool.getconn(timeout=10.0)
+    second = pool.getconn(timeout=10.0)
+    with second.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        row = cur.fetchone()
+        assert row is not None
+        top = int(row[0])
+    pool.putconn(first)
+    pool.putconn(second)
+    assert pool.get_stats()["pool_available"] == 2
+
+    ids = [noop.delay().id for _ in range(6)]
+
+    seen = backends()
+    assert [task_id for task_id, _ in seen] == ids
+    # FIFO would have taken the other connection first and alternated from there.
+    assert {pid for _, pid in seen} == {top}
+    assert pool.get_stats()["pool_available"] == 2
+
+
+def test_connections_held_at_once_are_still_distinct(app: Celery) -> None:
+    pool = app.broker.pool
+    held = [pool.getconn(timeout=10.0) for _ in range(3)]
+    try:
+        assert len({id(conn) for conn in held}) == 3
+    finally:
+        for conn in held:
+            pool.putconn(conn)
+    # Back in the order they were returned: the last one comes out first, then the one before.
+    assert pool.getconn(timeout=10.0) is held[2]
+    assert pool.getconn(timeout=10.0) is held[1]
+
+
+def test_the_asyncio_producer_keeps_one_backend_too(app: Celery, backends: Any) -> None:
+    @app.task(name="pools.noop_async")
+    def noop() -> None:
+        return None
+
+    async def main() -> tuple[list[str], int]:
+        try:
+            pool = await app.async_broker.pool()
+            assert isinstance(pool, AsyncLifoConnectionPool)
+            await pool.wait(timeout=10.0)
+            first = await pool.getconn(timeout=10.0)
+            second = await pool.getconn(timeout=10.0)
+            cur = await second.execute("SELECT pg_backend_pid()")
+            row = await cur.fetchone()
+            assert row is not None
+            await pool.putconn(first)
+            await pool.putconn(second)
+            ids = [(await noop.delay_async()).id for _ in range(6)]
+        finally:
+            await app.close_async()
+        return ids, int(row[0])
+
+    ids, top = asyncio.run(main())
+    seen = backends()
+    assert [task_id for task_id, _ in seen] == ids
+    assert {pid for _, pid in seen} == {top}
