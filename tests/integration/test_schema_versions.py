@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -206,3 +207,154 @@ def test_a_quota_index_made_before_blocked_rows_existed_is_rebuilt(
             (bare_schema,),
         ).fetchone()
     assert found is not None and "BLOCKED" in found[0]
+
+
+# -- 0016: tasks rebuilt with the columns that claims and outcomes change at the end -----------
+
+#: The columns every claim or outcome writes, last in that order from version 16 on.
+CHANGING = ["attempt", "status", "claimed_by", "lease_until", "updated_at"]
+
+
+def _table_facts(conn: psycopg.Connection[Any], schema: str) -> dict[str, Any]:
+    """Everything attached to ``schema``.tasks, in a form that does not depend on its oid."""
+    table = f"{sql.Identifier(schema).as_string(conn)}.tasks"
+
+    def all_of(query: str) -> list[Any]:
+        return sorted(conn.execute(query, {"t": table, "s": schema}).fetchall(), key=repr)
+
+    return {
+        "indexes": all_of(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = %(s)s"
+            " AND tablename = 'tasks'"
+        ),
+        "constraints": all_of(
+            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
+            " WHERE conrelid = %(t)s::regclass AND contype <> 'n'"
+        ),
+        "triggers": all_of(
+            "SELECT tgname, tgenabled, pg_get_triggerdef(oid) FROM pg_trigger"
+            " WHERE tgrelid = %(t)s::regclass AND NOT tgisinternal"
+        ),
+        "policies": all_of(
+            "SELECT policyname, permissive, roles::text, cmd, qual, with_check FROM pg_policies"
+            " WHERE schemaname = %(s)s AND tablename = 'tasks'"
+        ),
+        "table": all_of(
+            "SELECT relrowsecurity, relforcerowsecurity, reloptions::text, relacl::text,"
+            " relowner::regrole::text, obj_description(oid, 'pg_class')"
+            " FROM pg_class WHERE oid = %(t)s::regclass"
+        ),
+        "columns": all_of(
+            "SELECT attname, attacl::text, atttypid::regtype::text, attnotnull,"
+            " pg_get_expr(d.adbin, d.adrelid), col_description(attrelid, attnum)"
+            " FROM pg_attribute LEFT JOIN pg_attrdef AS d"
+            " ON d.adrelid = attrelid AND d.adnum = attnum"
+            " WHERE attrelid = %(t)s::regclass AND attnum > 0 AND NOT attisdropped"
+        ),
+        "rows": conn.execute(
+            sql.SQL("SELECT to_jsonb(t) FROM {}.tasks AS t ORDER BY id").format(
+                sql.Identifier(schema)
+            )
+        ).fetchall(),
+    }
+
+
+def _column_order(conn: psycopg.Connection[Any], schema: str) -> list[str]:
+    return [
+        row[0]
+        for row in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0"
+            " AND NOT attisdropped ORDER BY attnum",
+            (f"{sql.Identifier(schema).as_string(conn)}.tasks",),
+        ).fetchall()
+    ]
+
+
+def test_the_tasks_rebuild_keeps_rows_rights_policies_and_everything_attached(
+    pg_dsn: str, bare_schema: str
+) -> None:
+    role = f"pgt_{uuid.uuid4().hex[:8]}_app"
+    ident, who = sql.Identifier(bare_schema), sql.Identifier(role)
+    migrate_to(pg_dsn, bare_schema, 15)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {}").format(who))
+        try:
+            setup = [
+                # Rows in every shape the claim path writes: pending, running, finished, raw.
+                "INSERT INTO {s}.tasks (id, name, payload, headers, run_at)"
+                " VALUES ('a', 'x.pending', '[[1], {{}}]', '{{\"parent_id\": \"p\"}}',"
+                " '2030-01-01T00:00:00Z')",
+                "INSERT INTO {s}.tasks (id, name, payload, status, attempt, claimed_by,"
+                " lease_until, max_retries, unique_key) VALUES ('b', 'x.running', '[[], {{}}]',"
+                " 'RUNNING', 3, 'w-1', now() + interval '30 s', 5, 'k-1')",
+                "INSERT INTO {s}.tasks (id, name, payload_raw, content_type, status, error,"
+                " traceback, retries, cancel_requested, requeued_attempt) VALUES ('c',"
+                " 'x.dead', '\\x00ff', 'application/x-python-serialize', 'DEAD', 'boom',"
+                " 'Traceback', 7, true, 2)",
+                # What an operator may have attached to the table.
+                "GRANT USAGE ON SCHEMA {s} TO {r}",
+                "GRANT SELECT, INSERT ON {s}.tasks TO {r} WITH GRANT OPTION",
+                "GRANT UPDATE (cancel_requested) ON {s}.tasks TO {r}",
+                "ALTER TABLE {s}.tasks ENABLE ROW LEVEL SECURITY",
+                "CREATE POLICY app_names ON {s}.tasks FOR INSERT TO {r}"
+                " WITH CHECK (name LIKE 'x.%%')",
+                "CREATE POLICY app_reads ON {s}.tasks AS RESTRICTIVE FOR SELECT TO {r}"
+                " USING (queue = 'celery')",
+                "ALTER TABLE {s}.tasks SET (autovacuum_vacuum_scale_factor = 0.01)",
+                "COMMENT ON TABLE {s}.tasks IS 'the queue'",
+                "COMMENT ON COLUMN {s}.tasks.payload IS 'the arguments'",
+                "CREATE INDEX tasks_by_name ON {s}.tasks (name) WHERE status = 'DEAD'",
+                "CREATE FUNCTION {s}.audit() RETURNS trigger LANGUAGE plpgsql"
+                " AS 'BEGIN RETURN NEW; END'",
+                "CREATE TRIGGER tasks_audit BEFORE UPDATE ON {s}.tasks"
+                " FOR EACH ROW EXECUTE FUNCTION {s}.audit()",
+                "ALTER TABLE {s}.tasks DISABLE TRIGGER tasks_audit",
+            ]
+            for statement in setup:
+                conn.execute(sql.SQL(statement).format(s=ident, r=who))
+            before = _table_facts(conn, bare_schema)
+            assert _column_order(conn, bare_schema)[-1] == "unique_until_started"
+
+            assert [m.version for m in migrations.migrate(pg_dsn, bare_schema)] == [16]
+
+            after = _table_facts(conn, bare_schema)
+            for what, facts in before.items():
+                assert after[what] == facts, what
+            order = _column_order(conn, bare_schema)
+            assert order[-len(CHANGING) :] == CHANGING
+            assert sorted(order) == sorted(row[0] for row in before["columns"])
+            # The old table is gone, and its statistics were gathered again.
+            assert conn.execute(
+                "SELECT to_regclass(%s), (SELECT reltuples FROM pg_class WHERE oid = %s::regclass)",
+                (f"{bare_schema}.tasks_before_0016", f"{bare_schema}.tasks"),
+            ).fetchone() == (None, 3)
+        finally:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(who))
+            conn.execute(sql.SQL("DROP ROLE {}").format(who))
+
+
+@pytest.mark.parametrize(
+    ("attach", "error"),
+    [
+        ("ALTER TABLE {s}.tasks ADD COLUMN tenant text", "has columns pgtasks does not know"),
+        ("CREATE VIEW {s}.pending AS SELECT id FROM {s}.tasks", "other objects depend on it"),
+    ],
+)
+def test_the_tasks_rebuild_stops_and_changes_nothing_on_what_it_cannot_carry(
+    pg_dsn: str, bare_schema: str, attach: str, error: str
+) -> None:
+    ident = sql.Identifier(bare_schema)
+    migrate_to(pg_dsn, bare_schema, 15)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("INSERT INTO {}.tasks (id, name, payload) VALUES ('a', 'x', '[]')").format(
+                ident
+            )
+        )
+        conn.execute(sql.SQL(attach).format(s=ident))
+        before = _column_order(conn, bare_schema)
+        with pytest.raises(psycopg.Error, match=error):
+            migrations.migrate(pg_dsn, bare_schema)
+        assert migrations.applied(conn, bare_schema) == 15
+        assert _column_order(conn, bare_schema) == before
+        assert conn.execute(sql.SQL("SELECT id FROM {}.tasks").format(ident)).fetchall() == [("a",)]
