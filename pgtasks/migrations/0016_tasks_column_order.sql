@@ -34,6 +34,8 @@ DECLARE
         'attempt', 'status', 'claimed_by', 'lease_until', 'updated_at'];
     extra text;
     replay text[] := '{{}}';
+    -- The storage options, set before the rows are copied (so that fillfactor lays them out).
+    storage text;
     stmt text;
     r record;
 BEGIN
@@ -106,7 +108,7 @@ BEGIN
             replay := replay || format('ALTER TABLE %s FORCE ROW LEVEL SECURITY', tbl);
         END IF;
         IF r.reloptions IS NOT NULL THEN
-            replay := replay || format('ALTER TABLE %s SET (%s)', tbl,
+            storage := format('ALTER TABLE %s SET (%s)', tbl,
                 (SELECT string_agg(format('%s = %L', split_part(o, '=', 1),
                                           substr(o, strpos(o, '=') + 1)), ', ')
                    FROM unnest(r.reloptions) AS o));
@@ -190,19 +192,14 @@ BEGIN
     IF owner <> (SELECT oid FROM pg_roles WHERE rolname = current_user) THEN
         EXECUTE format('ALTER TABLE %s OWNER TO %s', tbl, owner::regrole::text);
     END IF;
-    -- The storage options first, so that the copied rows are laid out by them (fillfactor).
-    FOREACH stmt IN ARRAY replay LOOP
-        IF stmt LIKE 'ALTER TABLE % SET (%' THEN
-            EXECUTE stmt;
-        END IF;
-    END LOOP;
+    IF storage IS NOT NULL THEN
+        EXECUTE storage;
+    END IF;
     EXECUTE format('INSERT INTO %s (%s) SELECT %s FROM %s.tasks_before_0016',
         tbl, array_to_string(cols, ', '), array_to_string(cols, ', '), sch);
     EXECUTE format('DROP TABLE %s.tasks_before_0016', sch);
     FOREACH stmt IN ARRAY replay LOOP
-        IF stmt NOT LIKE 'ALTER TABLE % SET (%' THEN
-            EXECUTE stmt;
-        END IF;
+        EXECUTE stmt;
     END LOOP;
     EXECUTE format('ANALYZE %s', tbl);
 END
