@@ -138,6 +138,42 @@ def install_audit(db: psycopg.Connection[Any], schema: str) -> None:
     db.execute(ddl)
 
 
+def note_inserts(
+    db: psycopg.Connection[Any], schema: str, table: str, columns: dict[str, tuple[str, str]]
+) -> Callable[[], list[Row]]:
+    """From now on, for every row inserted into tasks, write a row to ``schema.table``: its
+    ``task_id`` and each of ``columns`` (name: (SQL type, SQL expression evaluated in the
+    inserting transaction)). Returns a reader of those rows in insert order."""
+    names = [sql.Identifier(name) for name in columns]
+    parts = {
+        "s": sql.Identifier(schema),
+        "t": sql.Identifier(table),
+        "f": sql.Identifier(f"note_{table}"),
+        "defs": sql.SQL(", ").join(
+            sql.SQL("{} {}").format(name, sql.SQL(kind))
+            for name, (kind, _) in zip(names, columns.values(), strict=True)
+        ),
+        "names": sql.SQL(", ").join(names),
+        "values": sql.SQL(", ").join(sql.SQL(value) for _, value in columns.values()),
+    }
+    db.execute(
+        sql.SQL(
+            """
+            CREATE TABLE {s}.{t} (seq bigserial, task_id text, {defs});
+            CREATE FUNCTION {s}.{f}() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                INSERT INTO {s}.{t} (task_id, {names}) VALUES (NEW.id, {values});
+                RETURN NULL;
+            END $$;
+            CREATE TRIGGER {f} AFTER INSERT ON {s}.tasks
+                FOR EACH ROW EXECUTE FUNCTION {s}.{f}();
+            """
+        ).format(**parts)
+    )
+    query = sql.SQL("SELECT * FROM {s}.{t} ORDER BY seq").format(**parts).as_string(db)
+    return lambda: rows(db, query)
+
+
 def audit(db: psycopg.Connection[Any], task_id: str) -> list[Row]:
     return rows(db, "SELECT * FROM audit WHERE task_id = %s ORDER BY seq", (task_id,))
 

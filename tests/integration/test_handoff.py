@@ -18,7 +18,16 @@ from psycopg import sql
 from pgtasks import Celery
 from pgtasks.broker import handed_off, handoff_channel
 from pgtasks.worker import Worker
-from tests.apps.harness import Row, attempts, one, rows, status, task_row, wait_until
+from tests.apps.harness import (
+    Row,
+    attempts,
+    note_inserts,
+    one,
+    rows,
+    status,
+    task_row,
+    wait_until,
+)
 
 
 @pytest.fixture
@@ -128,27 +137,18 @@ def test_no_hand_off_inside_a_transaction_or_in_bulk(
 def commit_modes(app: Celery, db: psycopg.Connection[Any]) -> Callable[[], dict[str, Row]]:
     """Record, for every row inserted into tasks, the synchronous_commit its transaction
     commits with and the WAL position of the insert; returns a reader of those records."""
-    schema = sql.Identifier(app.broker.schema)
-    db.execute(
-        sql.SQL(
-            """
-            CREATE TABLE {s}.commit_modes (task_id text, mode text, at pg_lsn);
-            CREATE FUNCTION {s}.note_commit_mode() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN
-                INSERT INTO {s}.commit_modes
-                VALUES (NEW.id, current_setting('synchronous_commit'),
-                        pg_current_wal_insert_lsn());
-                RETURN NULL;
-            END $$;
-            CREATE TRIGGER note_commit_mode AFTER INSERT ON {s}.tasks
-                FOR EACH ROW EXECUTE FUNCTION {s}.note_commit_mode();
-            """
-        ).format(s=schema)
+    read_all = note_inserts(
+        db,
+        app.broker.schema,
+        "commit_modes",
+        {
+            "mode": ("text", "current_setting('synchronous_commit')"),
+            "at": ("pg_lsn", "pg_current_wal_insert_lsn()"),
+        },
     )
 
     def read() -> dict[str, Row]:
-        found = rows(db, sql.SQL("SELECT * FROM {}.commit_modes").format(schema).as_string(db))
-        return {row["task_id"]: row for row in found}
+        return {row["task_id"]: row for row in read_all()}
 
     return read
 

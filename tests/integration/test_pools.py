@@ -7,36 +7,17 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from pgtasks import Celery
 from pgtasks.pools import AsyncLifoConnectionPool, LifoConnectionPool
+from tests.apps.harness import note_inserts
 
 
 @pytest.fixture
 def backends(app: Celery, db: psycopg.Connection[Any]) -> Any:
     """Record the backend that inserts each task row; returns a reader of (id, pid) pairs."""
-    schema = sql.Identifier(app.broker.schema)
-    db.execute(
-        sql.SQL(
-            """
-            CREATE TABLE {s}.inserted_by (seq serial, task_id text, pid int);
-            CREATE FUNCTION {s}.note_backend() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN
-                INSERT INTO {s}.inserted_by (task_id, pid) VALUES (NEW.id, pg_backend_pid());
-                RETURN NULL;
-            END $$;
-            CREATE TRIGGER note_backend AFTER INSERT ON {s}.tasks
-                FOR EACH ROW EXECUTE FUNCTION {s}.note_backend();
-            """
-        ).format(s=schema)
-    )
-
-    def read() -> list[tuple[str, int]]:
-        query = sql.SQL("SELECT task_id, pid FROM {}.inserted_by ORDER BY seq").format(schema)
-        return [(str(r[0]), int(r[1])) for r in db.execute(query).fetchall()]
-
-    return read
+    read = note_inserts(db, app.broker.schema, "inserted_by", {"pid": ("int", "pg_backend_pid()")})
+    return lambda: [(str(row["task_id"]), int(row["pid"])) for row in read()]
 
 
 def test_one_thread_enqueues_on_the_connection_it_used_last(app: Celery, backends: Any) -> None:

@@ -10,6 +10,7 @@ refuses with one saying to migrate or writes a row that runs once the schema is 
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -94,6 +95,19 @@ def old_app(pg_dsn: str, bare_schema: str) -> Iterator[Celery]:
         application.close()
 
 
+@contextlib.contextmanager
+def scratch_role(conn: psycopg.Connection[Any], kind: str) -> Iterator[tuple[str, sql.Identifier]]:
+    """A role of its own for one test (its name and identifier), dropped with its rights."""
+    role = f"pgt_{uuid.uuid4().hex[:8]}_{kind}"
+    who = sql.Identifier(role)
+    conn.execute(sql.SQL("CREATE ROLE {}").format(who))
+    try:
+        yield role, who
+    finally:
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(who))
+        conn.execute(sql.SQL("DROP ROLE {}").format(who))
+
+
 def refused_start(app: Celery) -> SchemaOutOfDate:
     with pytest.raises(SchemaOutOfDate) as refused:
         Worker(app, pool="threads").run()
@@ -159,32 +173,29 @@ def test_worker_roles_keep_claiming_across_the_concurrency_limits_upgrade(
 ) -> None:
     """Claims write concurrency_limits from version 10 on: a role given a worker's rights
     before it (by an older `pgtasks grants`) is given the same on the new table."""
-    role = f"pgt_{uuid.uuid4().hex[:8]}_worker"
-    ident, who = sql.Identifier(bare_schema), sql.Identifier(role)
+    ident = sql.Identifier(bare_schema)
     migrate_to(pg_dsn, bare_schema, 9)
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {}").format(who))
-        try:
-            conn.execute(
-                sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {}.rate_limits TO {}").format(
-                    ident, who
-                )
+    with (
+        psycopg.connect(pg_dsn, autocommit=True) as conn,
+        scratch_role(conn, "worker") as (role, who),
+    ):
+        conn.execute(
+            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {}.rate_limits TO {}").format(
+                ident, who
             )
-            migrations.migrate(pg_dsn, bare_schema)
-            table = f"{bare_schema}.concurrency_limits"
-            rights = conn.execute(
-                "SELECT p, has_table_privilege(%s, %s, p)"
-                " FROM unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE']) AS p",
-                (role, table),
-            ).fetchall()
-            assert all(granted for _, granted in rights), rights
-            # A role without a worker's rights gets none.
-            assert conn.execute(
-                "SELECT has_table_privilege('pg_monitor', %s, 'SELECT')", (table,)
-            ).fetchone() == (False,)
-        finally:
-            conn.execute(sql.SQL("DROP OWNED BY {}").format(who))
-            conn.execute(sql.SQL("DROP ROLE {}").format(who))
+        )
+        migrations.migrate(pg_dsn, bare_schema)
+        table = f"{bare_schema}.concurrency_limits"
+        rights = conn.execute(
+            "SELECT p, has_table_privilege(%s, %s, p)"
+            " FROM unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE']) AS p",
+            (role, table),
+        ).fetchall()
+        assert all(granted for _, granted in rights), rights
+        # A role without a worker's rights gets none.
+        assert conn.execute(
+            "SELECT has_table_privilege('pg_monitor', %s, 'SELECT')", (table,)
+        ).fetchone() == (False,)
 
 
 def test_a_quota_index_made_before_blocked_rows_existed_is_rebuilt(
@@ -273,64 +284,60 @@ def _column_order(conn: psycopg.Connection[Any], schema: str) -> list[str]:
 def test_the_tasks_rebuild_keeps_rows_rights_policies_and_everything_attached(
     pg_dsn: str, bare_schema: str
 ) -> None:
-    role = f"pgt_{uuid.uuid4().hex[:8]}_app"
-    ident, who = sql.Identifier(bare_schema), sql.Identifier(role)
+    ident = sql.Identifier(bare_schema)
     migrate_to(pg_dsn, bare_schema, 15)
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {}").format(who))
-        try:
-            setup = [
-                # Rows in every shape the claim path writes: pending, running, finished, raw.
-                "INSERT INTO {s}.tasks (id, name, payload, headers, run_at)"
-                " VALUES ('a', 'x.pending', '[[1], {{}}]', '{{\"parent_id\": \"p\"}}',"
-                " '2030-01-01T00:00:00Z')",
-                "INSERT INTO {s}.tasks (id, name, payload, status, attempt, claimed_by,"
-                " lease_until, max_retries, unique_key) VALUES ('b', 'x.running', '[[], {{}}]',"
-                " 'RUNNING', 3, 'w-1', now() + interval '30 s', 5, 'k-1')",
-                "INSERT INTO {s}.tasks (id, name, payload_raw, content_type, status, error,"
-                " traceback, retries, cancel_requested, requeued_attempt) VALUES ('c',"
-                " 'x.dead', '\\x00ff', 'application/x-python-serialize', 'DEAD', 'boom',"
-                " 'Traceback', 7, true, 2)",
-                # What an operator may have attached to the table.
-                "GRANT USAGE ON SCHEMA {s} TO {r}",
-                "GRANT SELECT, INSERT ON {s}.tasks TO {r} WITH GRANT OPTION",
-                "GRANT UPDATE (cancel_requested) ON {s}.tasks TO {r}",
-                "ALTER TABLE {s}.tasks ENABLE ROW LEVEL SECURITY",
-                "CREATE POLICY app_names ON {s}.tasks FOR INSERT TO {r}"
-                " WITH CHECK (name LIKE 'x.%%')",
-                "CREATE POLICY app_reads ON {s}.tasks AS RESTRICTIVE FOR SELECT TO {r}"
-                " USING (queue = 'celery')",
-                "ALTER TABLE {s}.tasks SET (autovacuum_vacuum_scale_factor = 0.01)",
-                "COMMENT ON TABLE {s}.tasks IS 'the queue'",
-                "COMMENT ON COLUMN {s}.tasks.payload IS 'the arguments'",
-                "CREATE INDEX tasks_by_name ON {s}.tasks (name) WHERE status = 'DEAD'",
-                "CREATE FUNCTION {s}.audit() RETURNS trigger LANGUAGE plpgsql"
-                " AS 'BEGIN RETURN NEW; END'",
-                "CREATE TRIGGER tasks_audit BEFORE UPDATE ON {s}.tasks"
-                " FOR EACH ROW EXECUTE FUNCTION {s}.audit()",
-                "ALTER TABLE {s}.tasks DISABLE TRIGGER tasks_audit",
-            ]
-            for statement in setup:
-                conn.execute(sql.SQL(statement).format(s=ident, r=who))
-            before = _table_facts(conn, bare_schema)
-            assert _column_order(conn, bare_schema)[-1] == "unique_until_started"
+    with (
+        psycopg.connect(pg_dsn, autocommit=True) as conn,
+        scratch_role(conn, "app") as (_role, who),
+    ):
+        setup = [
+            # Rows in every shape the claim path writes: pending, running, finished, raw.
+            "INSERT INTO {s}.tasks (id, name, payload, headers, run_at)"
+            " VALUES ('a', 'x.pending', '[[1], {{}}]', '{{\"parent_id\": \"p\"}}',"
+            " '2030-01-01T00:00:00Z')",
+            "INSERT INTO {s}.tasks (id, name, payload, status, attempt, claimed_by,"
+            " lease_until, max_retries, unique_key) VALUES ('b', 'x.running', '[[], {{}}]',"
+            " 'RUNNING', 3, 'w-1', now() + interval '30 s', 5, 'k-1')",
+            "INSERT INTO {s}.tasks (id, name, payload_raw, content_type, status, error,"
+            " traceback, retries, cancel_requested, requeued_attempt) VALUES ('c',"
+            " 'x.dead', '\\x00ff', 'application/x-python-serialize', 'DEAD', 'boom',"
+            " 'Traceback', 7, true, 2)",
+            # What an operator may have attached to the table.
+            "GRANT USAGE ON SCHEMA {s} TO {r}",
+            "GRANT SELECT, INSERT ON {s}.tasks TO {r} WITH GRANT OPTION",
+            "GRANT UPDATE (cancel_requested) ON {s}.tasks TO {r}",
+            "ALTER TABLE {s}.tasks ENABLE ROW LEVEL SECURITY",
+            "CREATE POLICY app_names ON {s}.tasks FOR INSERT TO {r} WITH CHECK (name LIKE 'x.%%')",
+            "CREATE POLICY app_reads ON {s}.tasks AS RESTRICTIVE FOR SELECT TO {r}"
+            " USING (queue = 'celery')",
+            "ALTER TABLE {s}.tasks SET (autovacuum_vacuum_scale_factor = 0.01)",
+            "COMMENT ON TABLE {s}.tasks IS 'the queue'",
+            "COMMENT ON COLUMN {s}.tasks.payload IS 'the arguments'",
+            "CREATE INDEX tasks_by_name ON {s}.tasks (name) WHERE status = 'DEAD'",
+            "CREATE FUNCTION {s}.audit() RETURNS trigger LANGUAGE plpgsql"
+            " AS 'BEGIN RETURN NEW; END'",
+            "CREATE TRIGGER tasks_audit BEFORE UPDATE ON {s}.tasks"
+            " FOR EACH ROW EXECUTE FUNCTION {s}.audit()",
+            "ALTER TABLE {s}.tasks DISABLE TRIGGER tasks_audit",
+        ]
+        for statement in setup:
+            conn.execute(sql.SQL(statement).format(s=ident, r=who))
+        before = _table_facts(conn, bare_schema)
+        assert _column_order(conn, bare_schema)[-1] == "unique_until_started"
 
-            assert [m.version for m in migrations.migrate(pg_dsn, bare_schema)] == [16]
+        assert [m.version for m in migrations.migrate(pg_dsn, bare_schema)] == [16]
 
-            after = _table_facts(conn, bare_schema)
-            for what, facts in before.items():
-                assert after[what] == facts, what
-            order = _column_order(conn, bare_schema)
-            assert order[-len(CHANGING) :] == CHANGING
-            assert sorted(order) == sorted(row[0] for row in before["columns"])
-            # The old table is gone, and its statistics were gathered again.
-            assert conn.execute(
-                "SELECT to_regclass(%s), (SELECT reltuples FROM pg_class WHERE oid = %s::regclass)",
-                (f"{bare_schema}.tasks_before_0016", f"{bare_schema}.tasks"),
-            ).fetchone() == (None, 3)
-        finally:
-            conn.execute(sql.SQL("DROP OWNED BY {}").format(who))
-            conn.execute(sql.SQL("DROP ROLE {}").format(who))
+        after = _table_facts(conn, bare_schema)
+        for what, facts in before.items():
+            assert after[what] == facts, what
+        order = _column_order(conn, bare_schema)
+        assert order[-len(CHANGING) :] == CHANGING
+        assert sorted(order) == sorted(row[0] for row in before["columns"])
+        # The old table is gone, and its statistics were gathered again.
+        assert conn.execute(
+            "SELECT to_regclass(%s), (SELECT reltuples FROM pg_class WHERE oid = %s::regclass)",
+            (f"{bare_schema}.tasks_before_0016", f"{bare_schema}.tasks"),
+        ).fetchone() == (None, 3)
 
 
 @pytest.mark.parametrize(
