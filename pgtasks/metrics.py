@@ -30,6 +30,9 @@ RUNTIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 class NullMetrics:
     """The metrics interface, recording nothing."""
 
+    #: False where every call records nothing: a caller may skip working out what to record.
+    enabled = False
+
     def claimed(self, name: str, queue: str) -> None: ...
 
     def started(self, name: str, queue: str) -> None: ...
@@ -56,6 +59,8 @@ class NullMetrics:
 
 class PrometheusMetrics(NullMetrics):
     """Counters and histograms in a registry of their own, served over HTTP on ``port``."""
+
+    enabled = True
 
     def __init__(
         self,

@@ -111,6 +111,8 @@ ExecutionHook = Callable[[Any, Request], None]
 _hooks: weakref.WeakKeyDictionary[Celery, list[tuple[ExecutionHook, ExecutionHook]]] = (
     weakref.WeakKeyDictionary()
 )
+# Whether any app has hooks: until one does, a call skips the weak mapping's lookup.
+_any_hooks = False
 
 
 def add_execution_hooks(app: Celery, before: ExecutionHook, after: ExecutionHook) -> None:
@@ -120,7 +122,9 @@ def add_execution_hooks(app: Celery, before: ExecutionHook, after: ExecutionHook
     Extensions such as the Django fix-up plug in here rather than branching inside
     ``execute``; a hook that raises is logged and never changes the task's outcome.
     """
+    global _any_hooks
     _hooks.setdefault(app, []).append((before, after))
+    _any_hooks = True
 
 
 def execute(app: Celery, job: Job) -> Outcome:
@@ -129,7 +133,11 @@ def execute(app: Celery, job: Job) -> Outcome:
         steps = _steps(app, job)
         task = next(steps)
         try:
-            with timelimits.soft_limit(job.soft_time_limit):
+            if job.soft_time_limit:
+                with timelimits.soft_limit(job.soft_time_limit):
+                    value = task.run(*job.args, **job.kwargs)
+            else:
+                # No timer to arm: the call alone, without a context manager around it.
                 value = task.run(*job.args, **job.kwargs)
         except BaseException as exc:
             return _ended(span, steps.throw, exc)
@@ -207,7 +215,7 @@ def _steps(app: Celery, job: Job) -> Generator[Task[Any, Any], Any, Outcome]:
     task.push_request(request)
     push_task(task)
     task_signals.prerun(task, job)
-    hooks = _hooks.get(app, ())
+    hooks = _hooks.get(app, ()) if _any_hooks else ()
     for before, _ in hooks:
         _hook(before, task, request)
     try:

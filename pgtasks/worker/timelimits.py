@@ -60,7 +60,17 @@ def resolve(
     default_soft: float | None,
 ) -> tuple[float | None, float | None]:
     """The (hard, soft) limits in seconds for one call; None means no limit."""
-    pair = headers.get(HEADER) or (None, None)
+    pair = headers.get(HEADER)
+    if (
+        not pair
+        and default_hard is None
+        and default_soft is None
+        and getattr(task, "time_limit", None) is None
+        and getattr(task, "soft_time_limit", None) is None
+    ):
+        # No limit set anywhere, as for most calls.
+        return None, None
+    pair = pair or (None, None)
     if not isinstance(pair, (list, tuple)) or len(pair) != 2:
         pair = (None, None)
     hard = _positive(pair[0]) or _positive(getattr(task, "time_limit", None))

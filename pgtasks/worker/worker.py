@@ -826,17 +826,15 @@ class Worker:
             return
         row = entry.task
         started = datetime.fromtimestamp(o.started, tz=timezone.utc)
-        tlog = TaskLog(self.log, row, self._levels)
         result = o.result.data if o.result else None
         content_type = o.result.content_type if o.result else "application/json"
         final: Final
-        if o.kind == ex.IGNORED:
-            # Celery stores no outcome for Ignore: the result keeps showing the task as
-            # started, never ready. The row still finishes, so nothing runs it again.
-            tlog.info("task.ignored", duration=round(o.runtime, 6))
-            final = Success(row.id, row.attempt, True, content_type, None, started, state="IGNORED")
-        elif o.kind == ex.SUCCESS:
-            tlog.info("task.succeeded", duration=round(o.runtime, 6))
+        if o.kind == ex.SUCCESS:
+            # The common case, kept to what it needs: logged only where INFO is on.
+            if self._levels[1]:
+                TaskLog(self.log, row, self._levels).info(
+                    "task.succeeded", duration=round(o.runtime, 6)
+                )
             final = Success(
                 row.id,
                 row.attempt,
@@ -846,6 +844,29 @@ class Worker:
                 started,
                 followups=o.extra.get("followups"),
             )
+        else:
+            final = self._unsuccessful(entry, o, started, result, content_type)
+        if self.metrics.enabled:
+            self._count(row, o, final)
+        self.completer.put(final)
+
+    def _unsuccessful(
+        self,
+        entry: InFlight,
+        o: ex.Outcome,
+        started: datetime,
+        result: bytes | None,
+        content_type: str,
+    ) -> Final:
+        """The final state of a run that did not simply succeed."""
+        row = entry.task
+        tlog = TaskLog(self.log, row, self._levels)
+        final: Final
+        if o.kind == ex.IGNORED:
+            # Celery stores no outcome for Ignore: the result keeps showing the task as
+            # started, never ready. The row still finishes, so nothing runs it again.
+            tlog.info("task.ignored", duration=round(o.runtime, 6))
+            final = Success(row.id, row.attempt, True, content_type, None, started, state="IGNORED")
         elif o.kind == ex.FAILURE:
             status = Status.DEAD if o.retries_exhausted else Status.FAILED
             if entry.terminated is not None:
@@ -939,8 +960,7 @@ class Worker:
                     "lost",
                     started,
                 )
-        self._count(row, o, final)
-        self.completer.put(final)
+        return final
 
     def _count(self, row: ClaimedTask, o: ex.Outcome, final: Final) -> None:
         """Record a run's outcome in the metrics (a no-op without --metrics-port)."""

@@ -240,6 +240,36 @@ def test_resolve_order(
     assert timelimits.resolve(headers, _Task(), default_hard, default_soft) == expected
 
 
+class _Unlimited:
+    """A task object with no limit attributes at all."""
+
+
+class _SoftOnly:
+    soft_time_limit = 4.0
+
+
+@pytest.mark.parametrize(
+    ("task", "headers", "default_hard", "default_soft", "expected"),
+    [
+        (_Unlimited(), {}, None, None, (None, None)),
+        (_Unlimited(), {"timelimit": None}, None, None, (None, None)),
+        (_Unlimited(), {"timelimit": [None, None]}, None, None, (None, None)),
+        (_Unlimited(), {}, 9.0, None, (9.0, None)),
+        (_Unlimited(), {}, None, 2.0, (None, 2.0)),
+        (_Unlimited(), {"timelimit": [1.0, 0.5]}, None, None, (1.0, 0.5)),
+        (_SoftOnly(), {}, None, None, (None, 4.0)),
+    ],
+)
+def test_resolve_with_no_limit_on_the_task(
+    task: Any,
+    headers: dict[str, Any],
+    default_hard: float | None,
+    default_soft: float | None,
+    expected: tuple[float | None, float | None],
+) -> None:
+    assert timelimits.resolve(headers, task, default_hard, default_soft) == expected
+
+
 def test_hard_limit_runs_the_errback(
     app: Celery, db: psycopg.Connection[Any], worker_factory: Any
 ) -> None:
