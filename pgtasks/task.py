@@ -1040,8 +1040,26 @@ def terminate_coroutine(task_id: str) -> bool:
         return False
     loop, task = found
     _terminated.add(task_id)
-    loop.call_soon_threadsafe(task.cancel)
+    loop.call_soon_threadsafe(_cancel_if_running, task_id, task)
     return True
+
+
+def _cancel_if_running(task_id: str, task: asyncio.Task[Any]) -> None:
+    """On the loop: cancel ``task`` if it still runs the call ``task_id``. The asyncio pool
+    runs one call after another in the same task, so by now it may have gone on to the next."""
+    found = _on_the_loop.get(task_id)
+    if found is not None and found[1] is task:
+        task.cancel()
+
+
+def forget_cancels(task: asyncio.Task[Any]) -> None:
+    """Drop the cancellation requests a finished call left counted on the task that ran it
+    (a terminate, or its soft time limit), so that the next call run by that task starts with
+    none: Python 3.11 counts them, and ``asyncio.timeout`` reads the count."""
+    uncancel = getattr(task, "uncancel", None)  # Python 3.11 and later
+    if uncancel is not None:
+        while uncancel() > 0:
+            pass
 
 
 @contextlib.contextmanager

@@ -298,20 +298,49 @@ class AsyncioPool(_QueueAhead):
             self._busy -= 1
 
     async def _run_on_loop(self, job: Job, done: Done) -> None:
+        """Run ``job``, then the queued jobs that follow it on the loop, in this one asyncio
+        task: a call that comes after another in its slot costs no task, and no round of the
+        loop, of its own."""
+        current = asyncio.current_task()
+        item: tuple[Job, Done] | None = (job, done)
         try:
-            outcome = await execute_async(self.app, job)
-        except asyncio.CancelledError:
-            # Only a cold stop cancels a call other than by terminate(): it reports nothing
-            # and its lease runs out, as for a call still running in a thread.
-            raise
-        except BaseException as exc:  # execute_async() does not raise; this is a last guard
-            outcome = Outcome(job.id, job.attempt, LOST, time.time(), 0.0, error=repr(exc))
+            while item is not None:
+                job, done = item
+                try:
+                    outcome = await execute_async(self.app, job)
+                except asyncio.CancelledError:
+                    # Only a cold stop cancels a call other than by terminate(): it reports
+                    # nothing and its lease runs out, as for a call still running in a thread.
+                    raise
+                except BaseException as exc:  # execute_async() does not raise; a last guard
+                    outcome = Outcome(job.id, job.attempt, LOST, time.time(), 0.0, error=repr(exc))
+                if current is not None:
+                    task_module.forget_cancels(current)
+                self._give()
+                done(outcome)
+                item = self._next_on_loop()
         finally:
-            # Here rather than in a done callback: one round of the loop less a call.
-            self._tasks.discard(asyncio.current_task())
-        self._finished()
-        done(outcome)
-        self._dispatch()
+            # Here rather than in a done callback: one round of the loop less.
+            self._tasks.discard(current)
+
+    def _next_on_loop(self) -> tuple[Job, Done] | None:
+        """The queued job a slot that has just finished a call on the loop goes on with: None
+        when the next one is not an ``async def`` call (or none waits), and the slot is given
+        back for ``_dispatch`` to fill."""
+        while True:
+            with self._lock:
+                if self._queued and self._runs_on_loop(self._queued[0][0].name):
+                    item = self._queued.popleft()
+                else:
+                    item = None
+                    self._running -= 1
+            if item is None:
+                self._dispatch()
+                return None
+            if self.on_start is not None and self.on_start(item[0]) is False:
+                self._give()
+                continue
+            return item
 
     def _to_thread(self, job: Job, done: Done) -> None:
         """Run a plain function's job in an idle thread, or in a new one (never more threads

@@ -175,6 +175,70 @@ def test_terminate_on_the_asyncio_pool_cancels_the_coroutine_and_the_worker_goes
     assert row["error"].endswith("Terminated: revoked, and its coroutine cancelled")
 
 
+def test_calls_after_a_terminated_one_in_its_asyncio_slot_start_with_no_cancellation_left(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: Any
+) -> None:
+    """The asyncio pool runs the calls queued behind one in the same asyncio task: a terminate
+    meant for the first must leave nothing behind for the next (Python 3.11 counts a task's
+    cancellations, and ``asyncio.timeout`` reads the count)."""
+    import asyncio
+
+    running = threading.Event()
+
+    @app.task(name="cancel.aio_stuck")
+    async def aio_stuck() -> str:
+        running.set()
+        await asyncio.sleep(30)
+        return "slept"
+
+    @app.task(name="cancel.aio_after")
+    async def aio_after() -> dict[str, int]:
+        current = asyncio.current_task()
+        cancelling = getattr(current, "cancelling", lambda: 0)()
+        await asyncio.sleep(0.01)  # an await that a cancellation left pending would break
+        return {"task": id(current), "cancelling": cancelling}
+
+    stuck = aio_stuck.delay()
+    after = [aio_after.delay() for _ in range(3)]
+    # One slot, and room for the three others to wait in the pool: the first claim takes all
+    # four, in the order they were sent.
+    with worker_factory(pool="asyncio", concurrency=1, prefetch_multiplier=4, lease=LONG_LEASE):
+        assert running.wait(15), "the first call did not start"
+        stuck.revoke(terminate=True)
+        outcomes = [r.get(timeout=15) for r in after]
+    assert stuck.state == "REVOKED"
+    assert [o["cancelling"] for o in outcomes] == [0, 0, 0]
+    # They ran one after another in one asyncio task.
+    assert len({o["task"] for o in outcomes}) == 1
+
+
+def test_a_terminate_that_arrives_after_its_call_ended_leaves_the_next_call_alone() -> None:
+    import asyncio
+
+    from pgtasks import task as task_module
+
+    async def two_calls() -> list[str]:
+        current = asyncio.current_task()
+        assert current is not None
+        seen: list[str] = []
+        with task_module.running_on_loop("call-a", None):
+            await asyncio.sleep(0)
+        # The same asyncio task goes on to the next call; a terminate meant for the first
+        # reaches the loop only now.
+        with task_module.running_on_loop("call-b", None):
+            task_module._cancel_if_running("call-a", current)
+            await asyncio.sleep(0.01)
+            seen.append("b ran to its end")
+            task_module._cancel_if_running("call-b", current)
+            try:
+                await asyncio.sleep(5)
+            except asyncio.CancelledError:
+                seen.append("b cancelled")
+        return seen
+
+    assert asyncio.run(two_calls()) == ["b ran to its end", "b cancelled"]
+
+
 def test_a_revoke_with_an_unknown_signal_is_refused(
     app: Celery, db: psycopg.Connection[Any]
 ) -> None:
