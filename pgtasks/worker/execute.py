@@ -133,11 +133,7 @@ def execute(app: Celery, job: Job) -> Outcome:
         steps = _steps(app, job)
         task = next(steps)
         try:
-            if job.soft_time_limit:
-                with timelimits.soft_limit(job.soft_time_limit):
-                    value = task.run(*job.args, **job.kwargs)
-            else:
-                # No timer to arm: the call alone, without a context manager around it.
+            with timelimits.soft_limit(job.soft_time_limit):
                 value = task.run(*job.args, **job.kwargs)
         except BaseException as exc:
             return _ended(span, steps.throw, exc)

@@ -25,7 +25,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -61,20 +61,20 @@ def resolve(
 ) -> tuple[float | None, float | None]:
     """The (hard, soft) limits in seconds for one call; None means no limit."""
     pair = headers.get(HEADER)
+    task_hard = getattr(task, "time_limit", None)
+    task_soft = getattr(task, "soft_time_limit", None)
     if (
         not pair
+        and task_hard is None
+        and task_soft is None
         and default_hard is None
         and default_soft is None
-        and getattr(task, "time_limit", None) is None
-        and getattr(task, "soft_time_limit", None) is None
     ):
-        # No limit set anywhere, as for most calls.
-        return None, None
-    pair = pair or (None, None)
+        return None, None  # no limit set anywhere, as for most calls
     if not isinstance(pair, (list, tuple)) or len(pair) != 2:
         pair = (None, None)
-    hard = _positive(pair[0]) or _positive(getattr(task, "time_limit", None))
-    soft = _positive(pair[1]) or _positive(getattr(task, "soft_time_limit", None))
+    hard = _positive(pair[0]) or _positive(task_hard)
+    soft = _positive(pair[1]) or _positive(task_soft)
     return hard or _positive(default_hard), soft or _positive(default_soft)
 
 
@@ -88,12 +88,19 @@ def header(time_limit: float | None, soft_time_limit: float | None) -> list[floa
     ]
 
 
-@contextmanager
-def soft_limit(seconds: float | None) -> Iterator[None]:
+#: What ``soft_limit`` gives a call with no limit: nothing to arm, and no generator to run.
+_NO_LIMIT: AbstractContextManager[None] = nullcontext()
+
+
+def soft_limit(seconds: float | None) -> AbstractContextManager[None]:
     """Raise ``SoftTimeLimitExceeded`` in this thread once ``seconds`` have passed."""
     if not seconds:
-        yield
-        return
+        return _NO_LIMIT
+    return _soft_limit(seconds)
+
+
+@contextmanager
+def _soft_limit(seconds: float) -> Iterator[None]:
     if threading.current_thread() is threading.main_thread():
         with _alarm(seconds):
             yield
