@@ -43,7 +43,7 @@ from pgtasks.exceptions import (
 from pgtasks.message import ClaimedTask, TaskMessage
 from pgtasks.pools import LifoConnectionPool
 from pgtasks.serialization import one_shot, whole_document
-from pgtasks.sql import queries
+from pgtasks.sql import PSYCOPG_CACHED_LENGTH, native, queries
 
 if TYPE_CHECKING:
     from pgtasks.worker.floors import FloorPlan
@@ -344,6 +344,14 @@ class Broker:
         #: (see pgtasks.quotas); None: the database role.
         self.source = source
         self.q = queries(schema)
+        #: The queries psycopg would convert to ``$1`` placeholders on every execution (see
+        #: pgtasks.sql.native), converted once: each runs on a RawCursor, with its parameters
+        #: in this order.
+        self._native: dict[str, tuple[bytes, tuple[str, ...]]] = {
+            name: native(query)
+            for name, query in self.q.items()
+            if isinstance(query, bytes) and len(query) > PSYCOPG_CACHED_LENGTH
+        }
         self._copy_statement = sql.SQL(
             "COPY {}.tasks (id, name, queue, priority, run_at, expires_at, content_type,"
             " content_encoding, payload, payload_raw, headers, max_retries) FROM STDIN"
@@ -529,6 +537,9 @@ class Broker:
         params: dict[str, Any],
         row_factory: Any = dict_row,
     ) -> list[Row]:
+        converted = self._native.get(name)
+        if converted is not None:
+            return self._run_native(conn, converted, params, row_factory)
         kept: dict[Any, psycopg.Cursor[Any]] | None = getattr(conn, _KEPT, None)
         if kept is None:
             # A caller's connection: a cursor of its own for the statement.
@@ -542,8 +553,33 @@ class Broker:
             found = kept[row_factory] = conn.cursor(row_factory=row_factory)
         return self._execute(found, name, params)
 
+    def _run_native(
+        self,
+        conn: psycopg.Connection[Any],
+        converted: tuple[bytes, tuple[str, ...]],
+        params: dict[str, Any],
+        row_factory: Any,
+    ) -> list[Row]:
+        """A long query (the claims) with its ``$1`` placeholders, on a RawCursor."""
+        query, names = converted
+        values = [params[n] for n in names]
+        kept: dict[Any, psycopg.Cursor[Any]] | None = getattr(conn, _KEPT, None)
+        key = (row_factory, psycopg.RawCursor)
+        cur = kept.get(key) if kept is not None else None
+        if cur is None:
+            cur = psycopg.RawCursor(conn, row_factory=row_factory)
+            if kept is None or len(kept) >= _KEPT_MAX:
+                with cur:
+                    return self._fetch(cur, query, values)
+            kept[key] = cur
+        return self._fetch(cur, query, values)
+
     def _execute(self, cur: psycopg.Cursor[Any], name: str, params: dict[str, Any]) -> list[Row]:
-        cur.execute(self.q[name], params)
+        return self._fetch(cur, self.q[name], params)
+
+    @staticmethod
+    def _fetch(cur: psycopg.Cursor[Any], query: Any, params: Any) -> list[Row]:
+        cur.execute(query, params)
         # The result's status rather than cur.description, which builds column objects.
         result = cur.pgresult
         if result is None or result.status != pq.ExecStatus.TUPLES_OK:
