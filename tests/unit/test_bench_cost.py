@@ -61,10 +61,19 @@ def test_cpu_seconds_count_every_thread_finer_than_a_tick() -> None:
         while time.thread_time() - t < seconds:
             pass
 
+    spun = threading.Event()
+
+    def spin_then_more() -> None:
+        spin(0.06)
+        spun.set()
+        spin(0.2)
+
     before = bench._cpu_seconds([os.getpid()])[os.getpid()]
-    worker = threading.Thread(target=spin, args=(0.2,))
+    worker = threading.Thread(target=spin_then_more)
     worker.start()
-    worker.join(0.1)  # read while the thread still runs
+    # Read while the thread still runs, once it has used 0.06 s of CPU (however long a busy
+    # machine takes to give it that).
+    assert spun.wait(30.0)
     during = bench._cpu_seconds([os.getpid()])[os.getpid()]
     worker.join()
     assert during - before >= 0.05
