@@ -537,45 +537,30 @@ class Broker:
         params: dict[str, Any],
         row_factory: Any = dict_row,
     ) -> list[Row]:
+        # A long query (the claims) runs with its own ``$1`` placeholders on a RawCursor,
+        # kept apart from the connection's plain cursor of the same row factory.
         converted = self._native.get(name)
-        if converted is not None:
-            return self._run_native(conn, converted, params, row_factory)
+        query: Any
+        args: Any
+        if converted is None:
+            query, args, key = self.q[name], params, row_factory
+        else:
+            query, names = converted
+            args, key = [params[n] for n in names], (row_factory, psycopg.RawCursor)
         kept: dict[Any, psycopg.Cursor[Any]] | None = getattr(conn, _KEPT, None)
-        if kept is None:
-            # A caller's connection: a cursor of its own for the statement.
-            with conn.cursor(row_factory=row_factory) as cur:
-                return self._execute(cur, name, params)
-        found = kept.get(row_factory)
-        if found is None:
-            if len(kept) >= _KEPT_MAX:
-                with conn.cursor(row_factory=row_factory) as cur:
-                    return self._execute(cur, name, params)
-            found = kept[row_factory] = conn.cursor(row_factory=row_factory)
-        return self._execute(found, name, params)
-
-    def _run_native(
-        self,
-        conn: psycopg.Connection[Any],
-        converted: tuple[bytes, tuple[str, ...]],
-        params: dict[str, Any],
-        row_factory: Any,
-    ) -> list[Row]:
-        """A long query (the claims) with its ``$1`` placeholders, on a RawCursor."""
-        query, names = converted
-        values = [params[n] for n in names]
-        kept: dict[Any, psycopg.Cursor[Any]] | None = getattr(conn, _KEPT, None)
-        key = (row_factory, psycopg.RawCursor)
         cur = kept.get(key) if kept is not None else None
         if cur is None:
-            cur = psycopg.RawCursor(conn, row_factory=row_factory)
+            if converted is None:
+                cur = conn.cursor(row_factory=row_factory)
+            else:
+                cur = psycopg.RawCursor(conn, row_factory=row_factory)
             if kept is None or len(kept) >= _KEPT_MAX:
+                # A caller's connection (or one keeping all it may): a cursor for this
+                # statement alone.
                 with cur:
-                    return self._fetch(cur, query, values)
+                    return self._fetch(cur, query, args)
             kept[key] = cur
-        return self._fetch(cur, query, values)
-
-    def _execute(self, cur: psycopg.Cursor[Any], name: str, params: dict[str, Any]) -> list[Row]:
-        return self._fetch(cur, self.q[name], params)
+        return self._fetch(cur, query, args)
 
     @staticmethod
     def _fetch(cur: psycopg.Cursor[Any], query: Any, params: Any) -> list[Row]:
