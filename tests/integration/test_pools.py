@@ -38,6 +38,9 @@ def test_one_thread_enqueues_on_the_connection_it_used_last(app: Celery, backend
     pool.putconn(first)
     pool.putconn(second)
     assert pool.get_stats()["pool_available"] == 2
+    # The pool's size counts a connection it has begun to open as well, so a growth started
+    # by the getconns above cannot show up as one the enqueues needed.
+    size = pool.get_stats()["pool_size"]
 
     ids = [noop.delay().id for _ in range(6)]
 
@@ -45,6 +48,8 @@ def test_one_thread_enqueues_on_the_connection_it_used_last(app: Celery, backend
     assert [task_id for task_id, _ in seen] == ids
     # FIFO would have taken the other connection first and alternated from there.
     assert {pid for _, pid in seen} == {top}
+    # And the enqueues opened no connection.
+    assert pool.get_stats()["pool_size"] == size
 
 
 def test_connections_held_at_once_are_still_distinct(app: Celery) -> None:
