@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import inspect
 import os
 import queue
 import signal
@@ -85,6 +86,12 @@ class Pool:
         for job in jobs:
             self.submit(job, done)
 
+    def run_here(self, job: Job, done: Done) -> Callable[[], None] | None:
+        """A slot for ``job`` to run on the calling thread, taken now: the call that runs it
+        there. None where this pool runs its jobs only on its own threads or processes, or
+        has no idle slot (then ``submit`` it)."""
+        return None
+
     def waiting(self) -> int:
         """Jobs submitted ahead that have not started yet."""
         return 0
@@ -112,6 +119,17 @@ class ThreadPool(Pool):
     """
 
     name = "threads"
+    #: Whether ``run_here`` may run a job on a thread not of the pool's.
+    runs_elsewhere = True
+
+    def __init__(self, app: Celery, concurrency: int) -> None:
+        super().__init__(app, concurrency)
+        self._plain: dict[str, bool] = {}
+        #: Jobs running, on the pool's threads and on others (``run_here``): a thread that
+        #: takes a job from the queue while ``concurrency`` run waits for one of them to end.
+        self._running = 0
+        self._waiting_room = 0
+        self._room = threading.Condition(threading.Lock())
 
     def start(self) -> None:
         self._jobs: queue.SimpleQueue[tuple[Job, Done] | None] = queue.SimpleQueue()
@@ -151,8 +169,36 @@ class ThreadPool(Pool):
                 jobs.append(item[0])
         return jobs
 
+    def run_here(self, job: Job, done: Done) -> Callable[[], None] | None:
+        # Plain functions only: an async def call runs on the event loop its thread keeps
+        # from call to call (see task.event_loop_per_thread), so it stays on the pool's.
+        if not self.runs_elsewhere or not self._runs_anywhere(job.name):
+            return None
+        # Only while no job waits in the queue: those were claimed first, and start first.
+        with self._room:
+            if self._running >= self.concurrency or not self._jobs.empty():
+                return None
+            self._running += 1
+        self._take()
+        return lambda: self._execute(job, done)
+
+    def _runs_anywhere(self, name: str) -> bool:
+        plain = self._plain.get(name)
+        if plain is None:
+            task = self.app.tasks.get(name)
+            plain = self._plain[name] = (
+                task is not None
+                and type(task).run is task_module.Task.run
+                and not inspect.iscoroutinefunction(task.fun)
+            )
+        return plain
+
+    def thread_context(self) -> contextlib.AbstractContextManager[None]:
+        """What a thread that runs this pool's jobs lives in."""
+        return task_module.event_loop_per_thread()
+
     def _run(self) -> None:
-        with task_module.event_loop_per_thread():
+        with self.thread_context():
             self._run_jobs()
 
     def _run_jobs(self) -> None:
@@ -160,15 +206,29 @@ class ThreadPool(Pool):
             item = self._jobs.get()
             if item is None:
                 return
-            job, done = item
-            try:
-                if self.on_start is not None and self.on_start(job) is False:
-                    self._give()
-                    continue
+            with self._room:
+                while self._running >= self.concurrency:
+                    # A job runs on another thread (run_here) and holds the last slot.
+                    self._waiting_room += 1
+                    self._room.wait()
+                    self._waiting_room -= 1
+                self._running += 1
+            self._execute(*item)
+
+    def _execute(self, job: Job, done: Done) -> None:
+        """Run ``job`` on this thread, in a slot taken for it."""
+        outcome: Outcome | None = None
+        try:
+            if self.on_start is None or self.on_start(job) is not False:
                 outcome = execute(self.app, job)
-            except BaseException as exc:  # execute() does not raise; this is a last guard
-                outcome = Outcome(job.id, job.attempt, LOST, time.time(), 0.0, error=repr(exc))
-            self._give()
+        except BaseException as exc:  # execute() does not raise; this is a last guard
+            outcome = Outcome(job.id, job.attempt, LOST, time.time(), 0.0, error=repr(exc))
+        self._give()
+        with self._room:
+            self._running -= 1
+            if self._waiting_room:
+                self._room.notify()
+        if outcome is not None:
             done(outcome)
 
     def stop(self, wait: bool) -> None:
@@ -186,6 +246,8 @@ class SoloPool(ThreadPool):
     """One task at a time, inside the worker process."""
 
     name = "solo"
+    # Every task on the pool's one thread, as Celery's solo pool runs them on one.
+    runs_elsewhere = False
 
     def __init__(self, app: Celery, concurrency: int) -> None:
         super().__init__(app, 1)

@@ -39,7 +39,8 @@ from pgtasks.worker import task_signals, timelimits
 from pgtasks.worker.completer import Completer, Final
 from pgtasks.worker.floors import Floors
 from pgtasks.worker.lease import LeaseKeeper
-from pgtasks.worker.listener import Listener
+from pgtasks.worker.listener import Listener, RunHere
+from pgtasks.worker.pools import ThreadPool
 from pgtasks.worker.pools import create as create_pool
 
 if TYPE_CHECKING:
@@ -233,6 +234,15 @@ class Worker:
                 handoffs=handoff_channel(broker.schema, self.id) if self.handoff else None,
                 on_handoff=self._handed,
                 on_listening=self._on_listening,
+                # A handed-off task runs on the listener's thread that heard of it, in one of
+                # the pool's slots: no pool thread to wake before it starts.
+                runs_tasks=(
+                    self.pool.thread_context
+                    if self.handoff
+                    and isinstance(self.pool, ThreadPool)
+                    and self.pool.runs_elsewhere
+                    else None
+                ),
             )
             threads.append(self.listener)
         for thread in threads:
@@ -488,8 +498,11 @@ class Worker:
             self._waking_at = time.monotonic()
         return True
 
-    def _handed(self, payload: str) -> None:
-        """A task handed to this worker by an enqueue (on the listener's thread): start it."""
+    def _handed(self, payload: str, here: bool = False) -> RunHere | None:
+        """A task handed to this worker by an enqueue (on the listener's thread): start it.
+        With ``here``, a task that can start at once is returned instead, to run on that
+        thread."""
+        run: RunHere | None = None
         self._handoffs += 1
         # The hand-off took this worker's row.
         self._parked = False
@@ -504,7 +517,7 @@ class Worker:
                 rows = []
             else:
                 rows = [row]
-            self._take(rows)
+            run = self._take(rows, here)
         except Exception as exc:
             # The row stays RUNNING under this worker's lease until it runs out, then runs
             # again elsewhere: late, never lost.
@@ -516,9 +529,13 @@ class Worker:
             # starts: it parked because nothing was due, and a claim now would only slow the
             # start (tasks enqueued since wake it as ever).
             self._wake.set()
+        return run
 
-    def _take(self, rows: list[ClaimedTask]) -> None:
-        """Start rows this worker was handed (or found it holds), each once."""
+    def _take(self, rows: list[ClaimedTask], here: bool = False) -> RunHere | None:
+        """Start rows this worker was handed (or found it holds), each once; with ``here``,
+        the first one that can start at once on the calling thread is returned to run
+        there."""
+        run: RunHere | None = None
         with self._lock:
             rows = [row for row in rows if self._claim_of(row.id, row.attempt) is None]
         jobs: list[ex.Job] = []
@@ -528,8 +545,13 @@ class Worker:
             job = self._accept(row)
             if job is not None:
                 jobs.append(job)
+        if here and jobs:
+            run = self.pool.run_here(jobs[0], self._done)
+            if run is not None:
+                del jobs[0]
         if jobs:
             self.pool.submit_many(jobs, self._done)
+        return run
 
     def _on_listening(self, listening: bool) -> None:
         """The listener (re)connected, or lost its connection: tasks handed here while it

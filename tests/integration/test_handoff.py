@@ -481,3 +481,79 @@ def test_parks_given_up_unused_back_off(
         wait_until(lambda: parked(db, worker.id), what="the worker to park again")
         assert batch.delay().get(timeout=10) is None
         assert worker._park_backoff == 0.0
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_a_handed_task_starts_on_the_thread_that_heard_it_while_the_other_listens(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: Any, concurrency: int
+) -> None:
+    """No pool thread to wake before a handed-off task starts: it runs on the listener's
+    thread that heard of it, and the listener's other thread listens meanwhile (a revoke is
+    heard at once, not at the next lease renewal; a second hand-off goes to the pool)."""
+    release = threading.Event()
+    started: list[tuple[str, str]] = []
+    both = threading.Semaphore(0)
+
+    @app.task(name="handoff.where", bind=True)
+    def where(self: Any) -> None:
+        started.append((self.request.id, threading.current_thread().name))
+        both.release()
+        release.wait(10)
+
+    # Lease renewals 20 s apart: within the test, only a notification reports the revoke.
+    with worker_factory(concurrency=concurrency, lease=60.0, poll_interval=30.0) as worker:
+        wait_until(lambda: parked(db, worker.id), what="the worker to park")
+        first = where.delay()
+        assert both.acquire(timeout=10)
+        # Either of the listener's two threads, whichever had the turn.
+        assert started[0][0] == first.id
+        assert started[0][1].startswith("pgtasks-listener")
+        if concurrency == 2:
+            # The worker has a slot left, and parks again for it.
+            wait_until(lambda: parked(db, worker.id), what="the worker to park again")
+            second = where.delay()
+            assert task_row(db, second.id)["claimed_by"] == worker.id
+            assert both.acquire(timeout=10)
+            # Heard by the relief thread while the first task holds the other: run by the pool.
+            assert started[1] == (second.id, "pgtasks-task-0")
+        first.revoke()
+        wait_until(
+            lambda: worker._inflight[first.id].cancel_requested,
+            timeout=5.0,
+            what="the revoke to be heard",
+        )
+        release.set()
+        wait_until(lambda: status(db, first.id) != "RUNNING", what="the task to end")
+    assert len(started) == concurrency
+
+
+def test_a_warm_stop_waits_for_a_task_running_on_the_listeners_thread(
+    app: Celery, db: psycopg.Connection[Any]
+) -> None:
+    started, release = threading.Event(), threading.Event()
+    ran_on: list[str] = []
+
+    @app.task(name="handoff.finish")
+    def finish() -> int:
+        ran_on.append(threading.current_thread().name)
+        started.set()
+        release.wait(10)
+        return 7
+
+    worker = Worker(app, pool="threads", concurrency=1)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    assert worker.ready.wait(30)
+    wait_until(lambda: parked(db, worker.id), what="the worker to park")
+    sent = finish.delay()
+    assert started.wait(10)
+    assert ran_on[0].startswith("pgtasks-listener")
+    worker.stop()
+    # The stop waits for the task, wherever it runs.
+    thread.join(0.5)
+    assert thread.is_alive()
+    release.set()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert status(db, sent.id) == "COMPLETED"
+    assert sent.get(timeout=10) == 7
