@@ -10,7 +10,7 @@ import pytest
 
 from pgtasks import Celery
 from pgtasks.pools import AsyncLifoConnectionPool, LifoConnectionPool
-from tests.apps.harness import note_inserts
+from tests.apps.harness import note_inserts, wait_until
 
 
 @pytest.fixture
@@ -27,19 +27,26 @@ def test_one_thread_enqueues_on_the_connection_it_used_last(app: Celery, backend
 
     pool = app.broker.pool
     assert isinstance(pool, LifoConnectionPool)
-    # Two connections in the pool, the one returned last on top.
+    # At least two connections in the pool.
     first = pool.getconn(timeout=10.0)
     second = pool.getconn(timeout=10.0)
-    with second.cursor() as cur:
+    pool.putconn(first)
+    pool.putconn(second)
+    # A growth the getconns started may still be opening a connection, which joins the pool
+    # when it is ready: wait for it, so that the one returned last below stays on top.
+    wait_until(
+        lambda: pool.get_stats()["pool_available"] == pool.get_stats()["pool_size"],
+        what="the pool to finish growing",
+    )
+    assert pool.get_stats()["pool_available"] >= 2
+    # The one returned last on top.
+    conn = pool.getconn(timeout=10.0)
+    with conn.cursor() as cur:
         cur.execute("SELECT pg_backend_pid()")
         row = cur.fetchone()
         assert row is not None
         top = int(row[0])
-    pool.putconn(first)
-    pool.putconn(second)
-    assert pool.get_stats()["pool_available"] == 2
-    # The pool's size counts a connection it has begun to open as well, so a growth started
-    # by the getconns above cannot show up as one the enqueues needed.
+    pool.putconn(conn)
     size = pool.get_stats()["pool_size"]
 
     ids = [noop.delay().id for _ in range(6)]
