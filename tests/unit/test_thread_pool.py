@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pgtasks import Celery
@@ -48,6 +50,18 @@ def make_app(gauge: Gauge) -> Celery:
     return app
 
 
+@contextmanager
+def running(gauge: Gauge, concurrency: int) -> Iterator[ThreadPool]:
+    """A started threads pool, stopped (warm) at the end with every held call let go."""
+    pool = ThreadPool(make_app(gauge), concurrency=concurrency)
+    pool.start()
+    try:
+        yield pool
+    finally:
+        gauge.release.set()
+        pool.stop(wait=True)
+
+
 def run_on_new_thread(run: Any) -> threading.Thread:
     thread = threading.Thread(target=run, name="caller", daemon=True)
     thread.start()
@@ -56,9 +70,7 @@ def run_on_new_thread(run: Any) -> threading.Thread:
 
 def test_a_job_run_here_holds_a_slot_of_the_pool() -> None:
     gauge = Gauge()
-    pool = ThreadPool(make_app(gauge), concurrency=1)
-    pool.start()
-    try:
+    with running(gauge, concurrency=1) as pool:
         done = Collector(2)
         run = pool.run_here(job("pool.gauge", 0), done)
         assert run is not None
@@ -77,9 +89,6 @@ def test_a_job_run_here_holds_a_slot_of_the_pool() -> None:
         assert gauge.threads == ["caller", "pgtasks-task-0"]
         assert [(o.id, o.kind) for o in done.outcomes] == [("job-0", SUCCESS), ("job-1", SUCCESS)]
         assert pool.busy() == 0 and pool.free_slots() == 1
-    finally:
-        gauge.release.set()
-        pool.stop(wait=True)
 
 
 def test_queued_jobs_start_before_a_job_run_here() -> None:
@@ -123,9 +132,7 @@ def test_the_solo_pool_and_async_calls_keep_to_the_pools_threads() -> None:
 
 def test_with_room_for_more_a_job_run_here_runs_beside_the_pools() -> None:
     gauge = Gauge()
-    pool = ThreadPool(make_app(gauge), concurrency=2)
-    pool.start()
-    try:
+    with running(gauge, concurrency=2) as pool:
         done = Collector(3)
         pool.submit(job("pool.gauge", 0), done)
         assert gauge.started.acquire(timeout=10)
@@ -142,17 +149,12 @@ def test_with_room_for_more_a_job_run_here_runs_beside_the_pools() -> None:
         caller.join(10)
         assert gauge.most == 2
         assert sorted(o.id for o in done.outcomes) == ["job-0", "job-1", "job-2"]
-    finally:
-        gauge.release.set()
-        pool.stop(wait=True)
 
 
 def test_a_job_run_here_refused_as_it_starts_gives_its_slot_back() -> None:
     gauge = Gauge()
     gauge.release.set()
-    pool = ThreadPool(make_app(gauge), concurrency=1)
-    pool.start()
-    try:
+    with running(gauge, concurrency=1) as pool:
         pool.on_start = lambda j: j.id != "job-0"
         outcomes: list[Outcome] = []
         run = pool.run_here(job("pool.gauge", 0), outcomes.append)
@@ -164,16 +166,12 @@ def test_a_job_run_here_refused_as_it_starts_gives_its_slot_back() -> None:
         assert again is not None
         again()
         assert [o.id for o in outcomes] == ["job-1"]
-    finally:
-        pool.stop(wait=True)
 
 
 def test_a_job_that_raises_past_the_guard_still_gives_its_slot_back() -> None:
     gauge = Gauge()
     gauge.release.set()
-    pool = ThreadPool(make_app(gauge), concurrency=1)
-    pool.start()
-    try:
+    with running(gauge, concurrency=1) as pool:
 
         def refuse(j: Job) -> bool:
             raise RuntimeError("on_start failed")
@@ -185,5 +183,3 @@ def test_a_job_that_raises_past_the_guard_still_gives_its_slot_back() -> None:
         run()
         assert [o.kind for o in outcomes] == ["lost"]
         assert pool.busy() == 0 and pool.free_slots() == 1
-    finally:
-        pool.stop(wait=True)
