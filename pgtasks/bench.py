@@ -659,6 +659,7 @@ def _load(
     with started_workers(opts, progress, env) as workers, _held_snapshot(opts) as held:
         stamping.delay(0.0).get(timeout=30)  # warm-up
         since = broker.bench_cost_sample()["now"]
+        vacuums_before, checkpoints_before = broker.bench_maintenance()
         meter = CostMeter.start(workers)
         windows: list[dict[str, Any]] = []
         sent = finished = sent_before = 0
@@ -681,6 +682,7 @@ def _load(
                     since = row["last_done"]
                 finished += row["done"]
                 p50, p99 = row["ms"] or (None, None)
+                vacuums, checkpoints = broker.bench_maintenance()
                 windows.append(
                     {
                         "at_s": round(now - t0, 1),
@@ -693,8 +695,13 @@ def _load(
                         "tasks_mb": row["tasks_bytes"] / 2**20,
                         "results_mb": row["results_bytes"] / 2**20,
                         "attempts_mb": row["attempts_bytes"] / 2**20,
+                        # Maintenance that finished in the window: vacuums of these three
+                        # tables, and the server's checkpoints.
+                        "vacuums": vacuums - vacuums_before,
+                        "checkpoints": checkpoints - checkpoints_before,
                     }
                 )
+                vacuums_before, checkpoints_before = vacuums, checkpoints
                 next_window += WINDOW
                 sent_before = sent
                 progress.status(
@@ -721,10 +728,25 @@ def _load(
         "p99_ms_second_half": percentile(p99s[half:] or p99s, 50) if p99s else None,
         "size_mb_max": max(sizes),
         "size_mb_last": sizes[-1],
+        "vacuums": sum(w["vacuums"] for w in windows),
+        "checkpoints": sum(w["checkpoints"] for w in windows),
         "windows": windows,
         "autovacuum_off": vacuum_off,
         **cost,
     }
+
+
+def _maintenance(report: dict[str, Any]) -> str:
+    """The vacuums and checkpoints that finished during a load phase, for its result line
+    (the windows say which: a slow window beside one of them is the maintenance's cost)."""
+    parts = [
+        _plural(report[key], word)
+        for key, word in (("vacuums", "vacuum"), ("checkpoints", "checkpoint"))
+        if report[key]
+    ]
+    if not parts:
+        return ""
+    return f"; {' and '.join(parts)} finished during it (by window in --json)"
 
 
 def _vacuum_verdict(report: dict[str, Any]) -> str:
@@ -763,7 +785,7 @@ def capacity(opts: Options, progress: Progress) -> dict[str, Any]:
     progress.result(
         f"capacity: {rate:,.0f} tasks/s finished while enqueueing alongside "
         f"(from {report['measured_from_s']:g} s to {opts.capacity_seconds:g} s, queue kept at "
-        f"{CAPACITY_BACKLOG:,} tasks){caveat}{_vacuum_verdict(report)}"
+        f"{CAPACITY_BACKLOG:,} tasks){caveat}{_maintenance(report)}{_vacuum_verdict(report)}"
     )
     return report
 
@@ -792,7 +814,7 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
         f"{' under a held snapshot' if report['held_snapshot'] else ''}; median window "
         f"p99 {report['p99_ms_first_half'] or 0:.1f} ms in the first half, "
         f"{report['p99_ms_second_half'] or 0:.1f} ms in the second; tables at most "
-        f"{report['size_mb_max']:.0f} MB; {verdict}{_vacuum_verdict(report)}"
+        f"{report['size_mb_max']:.0f} MB; {verdict}{_maintenance(report)}{_vacuum_verdict(report)}"
     )
     return report
 

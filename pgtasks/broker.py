@@ -1721,6 +1721,14 @@ class Broker:
         row = self._one("bench_wal_bytes", {"since": since})
         return int(row["bytes"]) if row else 0
 
+    def bench_maintenance(self) -> tuple[int, int]:
+        """Vacuums finished on the tables that grow with every task, and checkpoints made by
+        the server, so far (both cumulative; each statement runs in a transaction of its own,
+        so the server's statistics are read afresh)."""
+        row = self._one("bench_maintenance", {})
+        assert row is not None
+        return int(row["vacuums"]), int(row["checkpoints"])
+
     def bench_steady_window(self, since: datetime) -> Row:
         """Latency percentiles of the results stored after ``since``, and table sizes."""
         row = self._one("bench_steady_window", {"since": since})

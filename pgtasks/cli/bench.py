@@ -187,8 +187,9 @@ def bench(
                  this machine, so this is less than the burn-down rate)
       steady     only with --only: enqueue at --steady-rate (by default 80% of
                  the capacity) while the workers process, for --steady-seconds;
-                 p50/p99 and table sizes every 10 s, workers keeping finished
-                 rows --steady-retention seconds, and whether the workers kept up
+                 p50/p99, table sizes and the vacuums and checkpoints that
+                 finished, every 10 s, workers keeping finished rows
+                 --steady-retention seconds, and whether the workers kept up
                  (when they fell behind, it suggests a rate to try)
 
     Burn-down, capacity and steady also print WAL bytes per task, the workers' CPU

@@ -203,6 +203,9 @@ def test_steady_phase_reports_latency_and_sizes_per_window(
         assert window["finished_per_second"] > 0
         assert 0 < window["p50_ms"] <= window["p99_ms"]
         assert window["tasks_mb"] > 0 and window["results_mb"] > 0
+        assert window["vacuums"] >= 0 and window["checkpoints"] >= 0
+    assert steady["vacuums"] == sum(w["vacuums"] for w in windows)
+    assert steady["checkpoints"] == sum(w["checkpoints"] for w in windows)
     assert steady["wal_bytes_per_task"] > 0
     assert steady["worker_cpu_ms_per_1000_tasks"] > 0
     # 40 tasks a second are nothing to keep up with.

@@ -3,6 +3,7 @@ dashboard's task views, against real Postgres."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -295,3 +296,28 @@ def test_the_queue_knows_when_nothing_reclaims_its_tables(
     assert app.broker.autovacuum_off() is bool(server_off[0])
     db.execute("ALTER TABLE attempts RESET (autovacuum_enabled)")
     assert app.broker.autovacuum_off() is bool(server_off[0])
+
+
+def test_the_bench_counts_the_vacuums_of_the_queues_tables_and_the_checkpoints(
+    app: Celery, db: psycopg.Connection[Any]
+) -> None:
+    """``pgtasks bench`` sets each window of its load phases beside the maintenance that
+    finished in it: vacuums of the tasks, results and attempts tables, and checkpoints."""
+    vacuums, checkpoints = app.broker.bench_maintenance()
+    assert vacuums >= 0 and checkpoints >= 0
+    db.execute("VACUUM tasks")
+    db.execute("VACUUM attempts")
+    # A table outside the queue's three is not counted.
+    db.execute("CREATE TABLE elsewhere (id int)")
+    db.execute("VACUUM elsewhere")
+    assert app.broker.bench_maintenance()[0] == vacuums + 2
+    db.execute("CHECKPOINT")
+    # The checkpointer reports its count as the checkpoint ends, around when the command
+    # returns: wait a little for it.
+    deadline = time.monotonic() + 10
+    while app.broker.bench_maintenance()[1] == checkpoints and time.monotonic() < deadline:
+        time.sleep(0.05)
+    after_vacuums, after_checkpoints = app.broker.bench_maintenance()
+    assert after_vacuums == vacuums + 2
+    # Another checkpoint (of the server's own schedule, or another test's) may end meanwhile.
+    assert after_checkpoints >= checkpoints + 1

@@ -183,3 +183,13 @@ def test_the_rate_suggested_after_falling_behind_is_80_percent_rounded_down(
 ) -> None:
     windows = [_window(finished, 10**9), _window(finished, 10**9)]
     assert bench.keeping_up(windows, 10**6)["suggested_rate"] == suggested
+
+
+def test_a_load_phase_names_the_maintenance_that_finished_during_it() -> None:
+    assert bench._maintenance({"vacuums": 0, "checkpoints": 0}) == ""
+    assert bench._maintenance({"vacuums": 2, "checkpoints": 1}) == (
+        "; 2 vacuums and 1 checkpoint finished during it (by window in --json)"
+    )
+    assert bench._maintenance({"vacuums": 1, "checkpoints": 0}) == (
+        "; 1 vacuum finished during it (by window in --json)"
+    )
