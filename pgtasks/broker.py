@@ -1725,7 +1725,9 @@ class Broker:
         """Vacuums finished on the tables that grow with every task, and checkpoints made by
         the server, so far (both cumulative; each statement runs in a transaction of its own,
         so the server's statistics are read afresh)."""
-        row = self._one("bench_maintenance", {})
+        version: int = self._pooled(lambda conn: conn.info.server_version, "server_version")
+        name = "bench_maintenance_17" if version >= 170000 else "bench_maintenance"
+        row = self._one(name, {})
         assert row is not None
         return int(row["vacuums"]), int(row["checkpoints"])
 

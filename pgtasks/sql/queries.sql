@@ -1236,12 +1236,22 @@ SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %(since)s::pg_lsn)::bigint AS bytes
 -- How many vacuums (autovacuum's and manual ones) have finished on the hot table and the result
 -- and history tables, and how many checkpoints the server has made: the bench reads them at
 -- every window, so that a slow window can be set beside the maintenance that ran in it. Both
--- are cumulative counters that any role may read.
+-- are cumulative counters that any role may read. The checkpoints as PostgreSQL 15 and 16
+-- count them (bench_maintenance_17 for later versions).
 SELECT (SELECT COALESCE(sum(s.autovacuum_count + s.vacuum_count), 0)
           FROM pg_stat_all_tables AS s
          WHERE s.relid IN ('{schema}.tasks'::regclass, '{schema}.results'::regclass,
                            '{schema}.attempts'::regclass))::int8 AS vacuums,
        (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter)::int8 AS checkpoints
+
+-- name: bench_maintenance_17
+-- bench_maintenance for PostgreSQL 17 on, whose checkpointer counts its checkpoints in a view
+-- of its own.
+SELECT (SELECT COALESCE(sum(s.autovacuum_count + s.vacuum_count), 0)
+          FROM pg_stat_all_tables AS s
+         WHERE s.relid IN ('{schema}.tasks'::regclass, '{schema}.results'::regclass,
+                           '{schema}.attempts'::regclass))::int8 AS vacuums,
+       (SELECT num_timed + num_requested FROM pg_stat_checkpointer)::int8 AS checkpoints
 
 -- name: bench_steady_window
 -- Send-to-start latency of the bench's stamp tasks that finished after %(since)s (each result is
