@@ -1725,10 +1725,13 @@ class Broker:
         """Vacuums finished on the tables that grow with every task, and checkpoints made by
         the server, so far (both cumulative; each statement runs in a transaction of its own,
         so the server's statistics are read afresh)."""
-        version: int = self._pooled(lambda conn: conn.info.server_version, "server_version")
-        name = "bench_maintenance_17" if version >= 170000 else "bench_maintenance"
-        row = self._one(name, {})
-        assert row is not None
+
+        def read(conn: psycopg.Connection[Any]) -> list[Row]:
+            # The connection knows its server's version: no statement to ask it.
+            later = conn.info.server_version >= 170000
+            return self._run(conn, "bench_maintenance_17" if later else "bench_maintenance", {})
+
+        row = self._pooled(read, "bench_maintenance")[0]
         return int(row["vacuums"]), int(row["checkpoints"])
 
     def bench_steady_window(self, since: datetime) -> Row:

@@ -1238,19 +1238,15 @@ SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %(since)s::pg_lsn)::bigint AS bytes
 -- every window, so that a slow window can be set beside the maintenance that ran in it. Both
 -- are cumulative counters that any role may read. The checkpoints as PostgreSQL 15 and 16
 -- count them (bench_maintenance_17 for later versions).
-SELECT (SELECT COALESCE(sum(s.autovacuum_count + s.vacuum_count), 0)
-          FROM pg_stat_all_tables AS s
-         WHERE s.relid IN ('{schema}.tasks'::regclass, '{schema}.results'::regclass,
-                           '{schema}.attempts'::regclass))::int8 AS vacuums,
+SELECT
+-- insert: bench_vacuums
        (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter)::int8 AS checkpoints
 
 -- name: bench_maintenance_17
 -- bench_maintenance for PostgreSQL 17 on, whose checkpointer counts its checkpoints in a view
 -- of its own.
-SELECT (SELECT COALESCE(sum(s.autovacuum_count + s.vacuum_count), 0)
-          FROM pg_stat_all_tables AS s
-         WHERE s.relid IN ('{schema}.tasks'::regclass, '{schema}.results'::regclass,
-                           '{schema}.attempts'::regclass))::int8 AS vacuums,
+SELECT
+-- insert: bench_vacuums
        (SELECT num_timed + num_requested FROM pg_stat_checkpointer)::int8 AS checkpoints
 
 -- name: bench_steady_window
@@ -1272,6 +1268,14 @@ SELECT count(*) AS done,
 
 -- Fragments: parts that several queries share word for word, written where a query has the
 -- line "-- insert: <fragment>".
+
+-- fragment: bench_vacuums
+-- The first column of bench_maintenance and bench_maintenance_17: vacuums finished on the
+-- queue's three tables.
+       (SELECT COALESCE(sum(s.autovacuum_count + s.vacuum_count), 0)
+          FROM pg_stat_all_tables AS s
+         WHERE s.relid IN ('{schema}.tasks'::regclass, '{schema}.results'::regclass,
+                           '{schema}.attempts'::regclass))::int8 AS vacuums,
 
 -- fragment: give_counts_back
 -- Concurrency limits, in every fenced write that ends RUNNING rows (from its CTE "done", whose
