@@ -1300,6 +1300,12 @@ class Broker:
         row = self._one("count_unfinished", {"queues": list(queues)})
         return int(row["n"]) if row else 0
 
+    def any_unfinished(self, queues: Sequence[str]) -> bool:
+        """Whether ``queues`` hold any waiting or running task (``count_unfinished() > 0``,
+        without counting them)."""
+        row = self._one("any_unfinished", {"queues": list(queues)})
+        return bool(row and row["any"])
+
     def counts(self) -> list[Row]:
         return self._all("count_by_status", {})
 

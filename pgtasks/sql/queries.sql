@@ -789,6 +789,23 @@ SELECT (SELECT count(*) FROM {schema}.tasks
      + (SELECT count(*) FROM {schema}.tasks
          WHERE status = 'RUNNING' AND queue = ANY(%(queues)s::text[])) AS n
 
+-- name: any_unfinished
+-- Whether any task of the given queues is still waiting (due, scheduled or blocked) or running:
+-- count_unfinished's test for zero, which stops at the first row found instead of counting
+-- every one (cheap enough to ask many times a second while a large queue drains). Each part
+-- is ordered as its partial index (the claim, lease and blocked indexes), so that the planner
+-- reads that index rather than scanning the table for a first row it expects to meet soon.
+SELECT (SELECT true FROM {schema}.tasks
+         WHERE status = 'PENDING' AND queue = ANY(%(queues)s::text[])
+         ORDER BY queue, priority DESC, run_at, created_at LIMIT 1) IS NOT NULL
+    OR (SELECT true FROM {schema}.tasks
+         WHERE status = 'RUNNING' AND queue = ANY(%(queues)s::text[])
+         ORDER BY lease_until LIMIT 1) IS NOT NULL
+    OR (SELECT true FROM {schema}.tasks
+         WHERE status = 'BLOCKED' AND queue = ANY(%(queues)s::text[])
+         ORDER BY headers ->> 'concurrency_key', priority DESC, run_at, created_at
+         LIMIT 1) IS NOT NULL AS any
+
 -- name: announce_worker_tasks
 -- Record the task names a worker has registered (for inspect registered).
 UPDATE {schema}.workers SET tasks = %(tasks)s::text[] WHERE id = %(id)s

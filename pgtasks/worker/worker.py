@@ -717,7 +717,7 @@ class Worker:
     def _burst_done(self, claimed: list[ClaimedTask]) -> bool:
         if not self.burst or claimed or self._has_inflight():
             return False
-        return self.app.broker.count_unfinished(self.queues) == 0
+        return not self.app.broker.any_unfinished(self.queues)
 
     def _accept(self, row: ClaimedTask) -> ex.Job | None:
         """The job to run for a claimed row, or None when the row was settled at once or this

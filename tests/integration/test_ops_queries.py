@@ -321,3 +321,26 @@ def test_the_bench_counts_the_vacuums_of_the_queues_tables_and_the_checkpoints(
     assert after_vacuums == vacuums + 2
     # Another checkpoint (of the server's own schedule, or another test's) may end meanwhile.
     assert after_checkpoints >= checkpoints + 1
+
+
+@pytest.mark.parametrize("status", ["PENDING", "RUNNING", "BLOCKED"])
+def test_whether_a_queue_has_unfinished_tasks_agrees_with_their_count(
+    app: Celery, db: psycopg.Connection[Any], status: str
+) -> None:
+    """Burst workers and the bench's burn-down ask whether anything is left with a test that
+    stops at the first row: it says yes exactly when the count is not zero."""
+    queues = ["celery", "other"]
+    assert not app.broker.any_unfinished(queues)
+    # Finished rows, and rows of a queue not asked about, leave nothing to do.
+    for done in ("COMPLETED", "FAILED", "CANCELLED", "DEAD"):
+        insert(db, done)
+    insert(db, status, queue="elsewhere")
+    assert not app.broker.any_unfinished(queues)
+    assert app.broker.count_unfinished(queues) == 0
+    # Scheduled for later still counts as waiting.
+    task_id = insert(db, status, queue="other", run_at=ago(-3600))
+    assert app.broker.any_unfinished(queues)
+    assert app.broker.count_unfinished(queues) == 1
+    assert not app.broker.any_unfinished(["celery"])
+    db.execute("UPDATE tasks SET status = 'COMPLETED', claimed_by = NULL WHERE id = %s", (task_id,))
+    assert not app.broker.any_unfinished(queues)
