@@ -258,6 +258,10 @@ def _options(dsn: str, settings: Sequence[str]) -> str:
     return f"{ours} {given}" if given else ours
 
 
+#: The set_aside of claim_plain's one row when it met a row under a concurrency limit.
+LIMITED = "LIMITED"
+
+
 def _claim_order(row: ClaimedTask) -> tuple[bool, int, datetime, datetime]:
     """The claim's order (claimed rows first): priority (highest first), due time, age."""
     return (row.set_aside is not None, -row.priority, row.run_at, row.created_at)
@@ -326,6 +330,9 @@ class Broker:
 
     #: How many times a statement is sent again after meeting a connection the server closed.
     STALE_RETRIES = 3
+    #: Seconds for which claims go on deciding concurrency limits (claim_batch) after a plain
+    #: claim (claim_plain) met a due row under one, before a plain claim is tried again.
+    LIMITS_PAUSE = 60.0
 
     def __init__(
         self,
@@ -363,6 +370,8 @@ class Broker:
         self.early_ok: bool | None = None
         # Until when single enqueues do not offer hand-offs (see insert_statement).
         self._handoff_again = 0.0
+        # Until when claims decide concurrency limits whatever they meet (see claim_all).
+        self._limits_until = 0.0
         self.prepare_threshold: int | None = 5 if prepared_statements else None
         self.min_size = min_size
         self.max_size = max_size
@@ -927,7 +936,24 @@ class Broker:
         """``claim``, with the rows set aside too (``set_aside`` holds their status); the
         claimed rows in claim order, the others after them. The claim reads up to ``scan``
         due rows (``limit`` at least), setting aside every one waiting for a rate limit's
-        start time, and claims ``limit`` of the others."""
+        start time, and claims ``limit`` of the others.
+
+        With no rate limit to decide and no floors, the plain claim (claim_plain) is tried
+        first; when it meets a due row under a concurrency limit, this claim and those of the
+        next LIMITS_PAUSE seconds decide limits (claim_batch)."""
+        if (
+            floors is None
+            and not rates
+            and scan <= limit
+            and time.monotonic() >= self._limits_until
+        ):
+            plain = {"worker": worker, "limit": limit, "lease": lease, "queues": list(queues)}
+            found: list[Any] = self._all("claim_plain", plain, conn, row_factory=_CLAIMED_ROWS)
+            if not found or found[0].set_aside != LIMITED:
+                found.sort(key=_claim_order)
+                return found
+            # A row under a concurrency limit was due: claims decide limits for a while.
+            self._limits_until = time.monotonic() + self.LIMITS_PAUSE
         params: dict[str, Any] = {
             "worker": worker,
             "limit": limit,

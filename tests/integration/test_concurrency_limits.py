@@ -220,6 +220,41 @@ def test_a_claim_starts_what_has_room_blocks_the_rest_and_takes_unlimited_rows_t
     assert running(db, KEY_1) == 1
 
 
+def test_claims_skip_deciding_limits_until_a_limited_row_is_due(
+    app: Celery, db: Any, sync: Any, plain: Any
+) -> None:
+    """Claims that meet no row under a limit run without the parts that decide limits; the
+    first one that picks such a row starts nothing and hands over to the claim that decides,
+    which then takes the same rows in the same order, limits decided."""
+    broker = app.broker
+    free = [plain.apply_async((n,), priority=5).id for n in range(3)]
+    limited = [sync.delay(1, n).id for n in range(3)]
+    after = [plain.delay(n).id for n in range(2)]
+    params = {"worker": "w1", "limit": 4, "lease": 30.0, "queues": ["celery"]}
+    # Four rows picked, one of them limited: the plain claim starts none, and says why.
+    [found] = broker._all("claim_plain", params)
+    assert found["set_aside"] == "LIMITED"
+    assert {v for k, v in found.items() if k != "set_aside"} == {None}
+    assert statuses(db, free + limited + after) == ["PENDING"] * 8
+    assert {task_row(db, i)["attempt"] for i in free + limited + after} == {0}
+    # Three picked, none limited: started as claim_batch would.
+    claimed = broker.claim("w1", ["celery"], 3, 30.0)
+    assert [c.id for c in claimed] == free
+    assert [c.attempt for c in claimed] == [1, 1, 1]
+    assert statuses(db, free) == ["RUNNING"] * 3
+    assert {task_row(db, i)["claimed_by"] for i in free} == {"w1"}
+    assert broker._limits_until == 0.0
+    # The next claim picks limited rows: the limit is decided, in claim order.
+    claimed, taken = broker.claim_counting("w2", ["celery"], 5, 30.0)
+    assert [c.id for c in claimed] == [limited[0], *after] and taken == 5
+    assert statuses(db, limited) == ["RUNNING", "BLOCKED", "BLOCKED"]
+    assert running(db, KEY_1) == 1
+    # Claims go on deciding limits for a while, then try the plain claim again.
+    assert broker._limits_until > time.monotonic()
+    broker._limits_until = 0.0
+    assert broker.claim("w2", ["celery"], 4, 30.0) == []
+
+
 def test_a_full_keys_backlog_leaves_the_claim_index_in_one_claim(
     app: Celery, db: Any, sync: Any, plain: Any
 ) -> None:
