@@ -1016,7 +1016,11 @@ class Broker:
 
     def renew(self, worker: str, owned: Sequence[tuple[str, int]], lease: float) -> dict[str, bool]:
         """Extend the leases of ``owned`` (id, attempt) pairs; returns id -> cancel_requested for
-        the rows still owned. A pair missing from the answer was lost."""
+        the rows still owned. A pair missing from the answer was lost.
+
+        A renewal never waits for a row lock: a row another transaction holds (most often this
+        worker's own write of its outcome) is answered still owned (False) but not extended;
+        the next renewal extends it, or finds it lost."""
         if not owned:
             return {}
         rows = self._all(

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from pgtasks import Celery
 from pgtasks.broker import Broker, Failure, Release, RetryAt, Success
@@ -233,6 +235,84 @@ def test_stale_owner_writes_change_nothing(
     assert snapshot(db, r.id) == done
     assert r.get(timeout=5) == "written by new-owner"
     assert attempts(db, r.id) == [(1, "old-owner", "lost"), (2, "new-owner", "completed")]
+
+
+def test_a_renewal_never_waits_for_a_row_another_transaction_holds(
+    app: Celery, pg_dsn: str, schema: str, db: psycopg.Connection[Any], noop: Any
+) -> None:
+    """A row held by another transaction (as by its worker's own completion) is answered still
+    owned and left as it is; the other rows are renewed. Since a renewal never waits, an
+    outcome write that locks its rows in any order cannot deadlock with it."""
+    ids = [noop.delay().id for _ in range(3)]
+    claimed = {c.id: c for c in app.broker.claim("w1", ["celery"], 3, 5.0)}
+    owned = [(i, claimed[i].attempt) for i in ids]
+    before = {i: task_row(db, i)["lease_until"] for i in ids}
+    with psycopg.connect(pg_dsn, autocommit=False) as holder:
+        holder.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        holder.execute("SELECT 1 FROM tasks WHERE id = %s FOR UPDATE", (ids[1],))
+        pool = ThreadPoolExecutor(1)
+        try:
+            # Answered while the lock is held: it never waited for it.
+            renewed = pool.submit(app.broker.renew, "w1", owned, 60.0).result(timeout=10)
+        finally:
+            # Should it wait, the lock goes with the holder's connection and the thread ends.
+            pool.shutdown(wait=False)
+        assert renewed == {ids[0]: False, ids[1]: False, ids[2]: False}
+        after = {i: task_row(db, i)["lease_until"] for i in ids}
+        assert after[ids[1]] == before[ids[1]]
+        assert after[ids[0]] > before[ids[0]] and after[ids[2]] > before[ids[2]]
+        # The holder completes the row meanwhile: the next renewal finds it gone.
+        holder.execute(
+            "UPDATE tasks SET status = 'COMPLETED', claimed_by = NULL, lease_until = NULL"
+            " WHERE id = %s",
+            (ids[1],),
+        )
+        holder.commit()
+    assert app.broker.renew("w1", owned, 60.0) == {ids[0]: False, ids[2]: False}
+    # A revoke reaches the renewal's answer as before.
+    app.broker.revoke(ids[2])
+    assert app.broker.renew("w1", owned, 60.0) == {ids[0]: False, ids[2]: True}
+
+
+def test_renewals_and_completions_of_one_worker_never_deadlock(
+    app: Celery, pg_dsn: str, schema: str, db: psycopg.Connection[Any], noop: Any
+) -> None:
+    """Renewals of every row a worker holds, over and over beside completions of those rows
+    in batches (largest id first): every outcome is written once, and no statement fails."""
+    ids = [noop.delay().id for _ in range(200)]
+    claimed = app.broker.claim("w1", ["celery"], 200, 60.0)
+    assert len(claimed) == 200
+    owned = [(c.id, c.attempt) for c in claimed]
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def renew() -> None:
+        broker = Broker(pg_dsn, schema)
+        try:
+            while not stop.is_set():
+                broker.renew("w1", owned, 60.0)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            broker.close()
+
+    renewer = threading.Thread(target=renew)
+    renewer.start()
+    try:
+        # Completions in batches, largest id first: the opposite of an id-ordered pass.
+        order = sorted(claimed, key=lambda c: c.id, reverse=True)
+        written: dict[str, str] = {}
+        for start in range(0, len(order), 20):
+            batch = [
+                Success(c.id, c.attempt, False, JSON, None, None) for c in order[start : start + 20]
+            ]
+            written.update(app.broker.complete("w1", batch))
+    finally:
+        stop.set()
+        renewer.join(timeout=30)
+    assert not errors, errors
+    assert written == dict.fromkeys(ids, "COMPLETED")
+    assert one(db, "SELECT count(*) AS n FROM attempts WHERE task_id = ANY(%s)", (ids,))["n"] == 200
 
 
 def test_history_keeps_every_run_end_when_an_attempt_number_repeats(
