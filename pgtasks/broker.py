@@ -947,7 +947,7 @@ class Broker:
             and scan <= limit
             and time.monotonic() >= self._limits_until
         ):
-            plain = {"worker": worker, "limit": limit, "lease": lease, "queues": list(queues)}
+            plain = {"worker": worker, "scan": limit, "lease": lease, "queues": list(queues)}
             found: list[Any] = self._all("claim_plain", plain, conn, row_factory=_CLAIMED_ROWS)
             if not found or found[0].set_aside != LIMITED:
                 found.sort(key=_claim_order)

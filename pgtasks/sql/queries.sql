@@ -183,25 +183,7 @@ SELECT i.id, i.name, i.queue, i.priority,
 -- others are set BLOCKED. Rows of a rate-limited task start only at their start time (see
 -- "rated"); the later ones stay PENDING, due then. Both come back with set_aside, their status
 -- (the caller counts them as taken and drops them).
-WITH due AS (
-    SELECT c.id, c.priority, c.run_at, c.created_at, c.limit_key, c.limit_max, c.name,
-           c.expires_at, c.admitted
-      FROM unnest(%(queues)s::text[]) AS q(name)
-     CROSS JOIN LATERAL (
-            SELECT id, priority, run_at, created_at,
-                   {schema}.concurrency_key(headers) AS limit_key,
-                   headers ->> 'concurrency_limit' AS limit_max,
-                   name, expires_at, headers ? 'rate_slot' AS admitted
-              FROM {schema}.tasks
-             WHERE status = 'PENDING'
-               AND queue = q.name
-               AND run_at <= now()
-             ORDER BY priority DESC, run_at, created_at
-             LIMIT %(scan)s
-               FOR UPDATE SKIP LOCKED
-           ) AS c
-     ORDER BY c.priority DESC, c.run_at, c.created_at
-     LIMIT %(scan)s
+-- insert: claim_due
 -- insert: claim_limited
 
 -- name: claim_plain
@@ -210,25 +192,11 @@ WITH due AS (
 -- way, without the parts that decide limits. Those cost the server about a quarter of a claim
 -- when no row is limited. Should a row under a concurrency limit be among the rows it picked,
 -- it starts none of them and returns one row whose set_aside is 'LIMITED' (its other columns
--- NULL): the caller then claims with claim_batch, which decides that row's limit.
-WITH due AS (
-    SELECT c.id, c.limited
-      FROM unnest(%(queues)s::text[]) AS q(name)
-     CROSS JOIN LATERAL (
-            SELECT id, priority, run_at, created_at,
-                   {schema}.concurrency_key(headers) IS NOT NULL AS limited
-              FROM {schema}.tasks
-             WHERE status = 'PENDING'
-               AND queue = q.name
-               AND run_at <= now()
-             ORDER BY priority DESC, run_at, created_at
-             LIMIT %(limit)s
-               FOR UPDATE SKIP LOCKED
-           ) AS c
-     ORDER BY c.priority DESC, c.run_at, c.created_at
-     LIMIT %(limit)s
+-- NULL): the caller then claims with claim_batch, which decides that row's limit. The caller
+-- passes its limit as %(scan)s: the plain claim reads no further than it starts.
+-- insert: claim_due
 ), plain AS (
-    SELECT NOT EXISTS (SELECT FROM due WHERE limited) AS ok
+    SELECT NOT EXISTS (SELECT FROM due WHERE limit_key IS NOT NULL) AS ok
 ), claimed AS (
     UPDATE {schema}.tasks AS t
        SET status = 'RUNNING', claimed_by = %(worker)s,
@@ -238,11 +206,9 @@ WITH due AS (
            updated_at = now()
      -- By primary key, as claim_batch finds them.
      WHERE t.id = ANY(ARRAY(SELECT id FROM due)) AND (SELECT ok FROM plain)
-    RETURNING t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
-              t.content_type, t.content_encoding, t.payload::text AS payload, t.payload_raw,
-              t.headers, t.run_at, t.expires_at,
-              (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
-              t.created_at, t.requeued_attempt, NULL::text AS set_aside
+    RETURNING
+-- insert: claimed_columns
+              NULL::text AS set_aside
 )
 SELECT * FROM claimed
 UNION ALL
@@ -1372,6 +1338,41 @@ SELECT count(*) AS done,
       FROM gone AS g JOIN freeing USING (key)
      WHERE l.key = g.key
 
+-- fragment: claim_due
+-- The start of claim_batch and claim_plain, and so the claim order: up to %(scan)s due PENDING
+-- rows of the given queues, locked with SKIP LOCKED, as the CTE "due" with what the parts that
+-- decide limits read of each (limit_key, limit_max, name, expires_at, whether it holds a rate
+-- slot). One ordered index scan per queue (a plain "queue = ANY(...)" would sort every pending
+-- row).
+WITH due AS (
+    SELECT c.id, c.priority, c.run_at, c.created_at, c.limit_key, c.limit_max, c.name,
+           c.expires_at, c.admitted
+      FROM unnest(%(queues)s::text[]) AS q(name)
+     CROSS JOIN LATERAL (
+            SELECT id, priority, run_at, created_at,
+                   {schema}.concurrency_key(headers) AS limit_key,
+                   headers ->> 'concurrency_limit' AS limit_max,
+                   name, expires_at, headers ? 'rate_slot' AS admitted
+              FROM {schema}.tasks
+             WHERE status = 'PENDING'
+               AND queue = q.name
+               AND run_at <= now()
+             ORDER BY priority DESC, run_at, created_at
+             LIMIT %(scan)s
+               FOR UPDATE SKIP LOCKED
+           ) AS c
+     ORDER BY c.priority DESC, c.run_at, c.created_at
+     LIMIT %(scan)s
+
+-- fragment: claimed_columns
+-- A claimed row's columns but the last (set_aside), in the order of pgtasks.message.ClaimedTask's
+-- fields (built positionally), as claims return them and adopted_row reads them.
+       t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
+       t.content_type, t.content_encoding, t.payload::text AS payload, t.payload_raw,
+       t.headers, t.run_at, t.expires_at,
+       (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
+       t.created_at, t.requeued_attempt,
+
 -- fragment: claim_limited
 -- The end of both claims, from their CTE "due" (the rows picked, in claim order, with their
 -- limit_key, limit_max, name, expires_at and whether they hold a rate slot): rate limits,
@@ -1493,20 +1494,15 @@ UPDATE {schema}.tasks AS t
  -- or repeats the array lookup once a row (sorting the array each time). The sets of rows
  -- set aside are read hashed. Rows come back in no particular order: the caller sorts them.
  WHERE t.id = ANY(ARRAY(SELECT id FROM picked UNION ALL SELECT id FROM deferred))
-RETURNING t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
-          t.content_type, t.content_encoding, t.payload::text AS payload, t.payload_raw,
-          t.headers, t.run_at, t.expires_at,
-          (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
-          t.created_at, t.requeued_attempt,
+RETURNING
+-- insert: claimed_columns
           CASE WHEN t.claimed_by IS NULL THEN t.status END AS set_aside
 
 -- fragment: adopted_row
 -- A row this worker holds, as a claim returns it (pgtasks.message.ClaimedTask's fields).
-SELECT t.id, t.name, t.queue, t.priority, t.attempt, t.retries, t.max_retries,
-       t.content_type, t.content_encoding, t.payload::text AS payload, t.payload_raw,
-       t.headers, t.run_at, t.expires_at,
-       (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
-       t.created_at, t.requeued_attempt, NULL::text AS set_aside
+SELECT
+-- insert: claimed_columns
+       NULL::text AS set_aside
   FROM {schema}.tasks AS t
 
 -- fragment: completion_input

@@ -230,7 +230,7 @@ def test_claims_skip_deciding_limits_until_a_limited_row_is_due(
     free = [plain.apply_async((n,), priority=5).id for n in range(3)]
     limited = [sync.delay(1, n).id for n in range(3)]
     after = [plain.delay(n).id for n in range(2)]
-    params = {"worker": "w1", "limit": 4, "lease": 30.0, "queues": ["celery"]}
+    params = {"worker": "w1", "scan": 4, "lease": 30.0, "queues": ["celery"]}
     # Four rows picked, one of them limited: the plain claim starts none, and says why.
     [found] = broker._all("claim_plain", params)
     assert found["set_aside"] == "LIMITED"
