@@ -352,20 +352,13 @@ SELECT t.id, false
 -- name: fail_batch
 -- Fenced terminal failure: FAILED (a non-retried error) or DEAD (retry budget spent, worker lost,
 -- undecodable payload), keeping payload, error and traceback. A revoke that arrived wins.
+-- The update locks its rows in no set order, as a completion does (see completion_input).
 WITH input AS (
     SELECT *
       FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(statuses)s::text[], %(errors)s::text[],
                   %(tracebacks)s::text[], %(store)s::bool[], %(content_types)s::text[],
                   %(results)s::bytea[], %(started_ago)s::float8[])
         AS i(id, attempt, status, error, traceback, store, content_type, result, started_ago)
-), owned AS (
-    -- Lock in id order (as renew_leases does) so two batches of one worker never deadlock.
-    -- Only the primary key is read here: ownership is checked by the update below.
-    SELECT t.id
-      FROM {schema}.tasks AS t
-     WHERE t.id = ANY(%(ids)s::text[]) AND t.claimed_by = %(worker)s
-     ORDER BY t.id
-       FOR UPDATE OF t
 ), done AS (
     UPDATE {schema}.tasks AS t
        SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE i.status END,
@@ -377,7 +370,7 @@ WITH input AS (
            traceback = i.traceback,
            claimed_by = NULL, lease_until = NULL, updated_at = now()
       FROM input AS i
-     WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = i.id AND t.attempt = i.attempt
+     WHERE t.id = ANY(%(ids)s::text[]) AND t.id = i.id AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
     RETURNING t.id, t.attempt, t.status, t.error, {schema}.concurrency_key(t.headers) AS limit_key
 ), saved AS (
@@ -402,6 +395,7 @@ SELECT id, status, limit_key FROM done
 -- Fenced retry: back to PENDING at the given time (eta, or now() + delay on the database clock),
 -- with the retry count written in the same statement. A revoke that arrived wins (CANCELLED).
 -- Where results are kept, the exception is stored as the RETRY state's info, as in Celery.
+-- The update locks its rows in no set order, as a completion does (see completion_input).
 WITH input AS (
     SELECT *
       FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(retries)s::int[], %(delays)s::float8[],
@@ -410,14 +404,6 @@ WITH input AS (
                   %(results)s::bytea[])
         AS i(id, attempt, retries, delay, eta, error, traceback, outcome, started_ago,
              content_type, result)
-), owned AS (
-    -- Lock in id order (as renew_leases does) so two batches of one worker never deadlock.
-    -- Only the primary key is read here: ownership is checked by the update below.
-    SELECT t.id
-      FROM {schema}.tasks AS t
-     WHERE t.id = ANY(%(ids)s::text[]) AND t.claimed_by = %(worker)s
-     ORDER BY t.id
-       FOR UPDATE OF t
 ), done AS (
     UPDATE {schema}.tasks AS t
        SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
@@ -427,7 +413,7 @@ WITH input AS (
            error = i.error, traceback = i.traceback,
            claimed_by = NULL, lease_until = NULL, updated_at = now()
       FROM input AS i
-     WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = i.id AND t.attempt = i.attempt
+     WHERE t.id = ANY(%(ids)s::text[]) AND t.id = i.id AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
     RETURNING t.id, t.attempt, t.status, t.run_at, {schema}.concurrency_key(t.headers) AS limit_key
 ), saved AS (
@@ -451,19 +437,12 @@ SELECT id, status, limit_key, run_at FROM done
 -- name: release_batch
 -- Fenced hand-back of claimed rows that never started (shutdown, unknown task name): PENDING
 -- again after the given delay, the claim's attempt given back, and a concurrency limit's
--- count. A revoke that arrived wins.
+-- count. A revoke that arrived wins. The update locks its rows in no set order, as a completion
+-- does (see completion_input).
 WITH input AS (
     SELECT *
       FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(delays)s::float8[], %(errors)s::text[])
         AS i(id, attempt, delay, error)
-), owned AS (
-    -- Lock in id order (as renew_leases does) so two batches of one worker never deadlock.
-    -- Only the primary key is read here: ownership is checked by the update below.
-    SELECT t.id
-      FROM {schema}.tasks AS t
-     WHERE t.id = ANY(%(ids)s::text[]) AND t.claimed_by = %(worker)s
-     ORDER BY t.id
-       FOR UPDATE OF t
 ), done AS (
     UPDATE {schema}.tasks AS t
        SET status = CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
@@ -474,7 +453,7 @@ WITH input AS (
            error = COALESCE(i.error, t.error),
            claimed_by = NULL, lease_until = NULL, updated_at = now()
       FROM input AS i
-     WHERE t.id = ANY(ARRAY(SELECT id FROM owned)) AND t.id = i.id AND t.attempt = i.attempt
+     WHERE t.id = ANY(%(ids)s::text[]) AND t.id = i.id AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
     RETURNING t.id, t.status, {schema}.concurrency_key(t.headers) AS limit_key
 -- insert: give_counts_back
@@ -1507,9 +1486,12 @@ SELECT
 
 -- fragment: completion_input
 -- The outcomes of a batch of successes. Their rows are locked by the fenced write that follows,
--- in no set order: the worker's only other write that can hold several of them at once is its
--- renewal, which never waits for a lock (see renew_leases), so the two cannot deadlock. (A
--- separate pass that locked them in id order first cost 3-4 us a task.)
+-- in no set order, and no deadlock can come of it: the only other write that can hold several
+-- of them at once is the worker's renewal, which never waits for a lock (see renew_leases).
+-- The worker's other outcome writes (fail_batch, retry_batch, release_batch, which lock theirs
+-- the same way) never share a row with this one, a run having one outcome; claims and the
+-- reclaimer skip locked rows; a revoke locks one row. (A separate pass that locked the rows in
+-- id order first cost 3-4 us a task.)
 WITH input AS (
     -- One json array of outcomes (result in base64): cheaper to write than one array per column.
     -- An outcome leaves out what it does not need: store, content_type and result when no
