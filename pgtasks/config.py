@@ -91,7 +91,7 @@ class Settings(BaseSettings):
         ge=0,
         description=(
             "Seconds of work a worker may claim beyond its free slots, at most 250 rows a slot"
-            " (0: none)."
+            " or 1,000 a worker; up to four times this while claims come back full (0: none)."
         ),
     )
     lease_seconds: float = Field(default=30.0, gt=0.5)

@@ -71,8 +71,14 @@ class Worker:
     PARK_SECONDS = 5.0
     #: The most rows a slot's adaptive prefetch holds, however short the tasks: a claim of a
     #: few hundred rows costs the database far less per row than one of a hundred (the claim
-    #: statement's fixed part), and a misjudged run time holds back no more than this.
+    #: statement's fixed part), and a misjudged run time holds back no more than this. A
+    #: worker of fewer than four slots may hold up to PREFETCH_PER_WORKER rows in all.
     PREFETCH_PER_SLOT = 250
+    PREFETCH_PER_WORKER = 1000
+    #: How far the prefetch window grows while claims come back full (a backlog): up to this
+    #: many times prefetch_window, doubling with each full claim, back to one at the first
+    #: claim that finds fewer rows than it asked for.
+    PREFETCH_GROWTH = 4
 
     def __init__(
         self,
@@ -134,6 +140,7 @@ class Worker:
         self.fixed_prefetch = multiplier > 1
         self.prefetch_extra = self.concurrency * max(0, multiplier - 1)
         self.prefetch_window = s.prefetch_window
+        self._prefetch_growth = 1
         self._runtime_ewma: float | None = None
         # Registered tasks with a rate limit (see _rate_intervals), for a registry of that size.
         self._rates: tuple[int, dict[str, float]] | None = None
@@ -350,6 +357,7 @@ class Worker:
                 claimed, taken = self._claim(want)
                 blocked = taken > len(claimed)
                 backoff = 0.1
+                self._claimed(want, taken)
             except psycopg.OperationalError as exc:
                 self.log.warning(
                     "worker.db_unavailable",
@@ -657,12 +665,27 @@ class Worker:
         return ratelimits.interval(limit)
 
     def _adaptive_prefetch(self) -> int:
-        """Rows to hold beyond the free slots: about prefetch_window seconds of work."""
+        """Rows to hold beyond the free slots: about prefetch_window seconds of work (up to
+        PREFETCH_GROWTH times that through a backlog, see _claimed)."""
         runtime = self._runtime_ewma
         if runtime is None or self.prefetch_window <= 0:
             return 0
-        per_slot = int(self.prefetch_window / max(runtime, 1e-4))
-        return self.concurrency * min(per_slot, self.PREFETCH_PER_SLOT)
+        window = self.prefetch_window * self._prefetch_growth
+        per_slot = int(window / max(runtime, 1e-4))
+        bound = max(self.PREFETCH_PER_WORKER, self.concurrency * self.PREFETCH_PER_SLOT)
+        return min(self.concurrency * per_slot, bound)
+
+    def _claimed(self, want: int, taken: int) -> None:
+        """Size the next prefetch by what this claim found. A claim that got every row it
+        asked for leaves more due behind it: through such a backlog the window doubles, up to
+        PREFETCH_GROWTH times prefetch_window, so that each claim statement (whose fixed part
+        the database pays per statement) serves several times more rows. The first claim that
+        finds fewer brings it back, so a burst of a few tasks spreads over the workers that
+        wait for it instead of going to the first one to claim."""
+        if taken >= want:
+            self._prefetch_growth = min(self._prefetch_growth * 2, self.PREFETCH_GROWTH)
+        else:
+            self._prefetch_growth = 1
 
     def _start_buffered(self) -> None:
         """Hand every claimed job to the pool, which starts each as a slot frees up."""

@@ -38,3 +38,35 @@ def test_about_a_window_of_work_a_slot_up_to_a_bound(runtime: float, per_slot: i
     w._runtime_ewma = runtime
     assert Worker.PREFETCH_PER_SLOT == 250
     assert w._adaptive_prefetch() == 4 * per_slot
+
+
+def test_a_worker_of_few_slots_may_hold_up_to_a_worker_bound() -> None:
+    w = worker(1)
+    w._runtime_ewma = 0.0001
+    # 50 ms of 0.1 ms tasks: 500 rows, more than one slot's bound but within the worker's.
+    assert w._adaptive_prefetch() == 500
+    w._claimed(want=1, taken=1)  # a backlog: 100 ms of work, 1000 rows, the worker's bound
+    w._claimed(want=1, taken=1)  # 200 ms: still 1000
+    assert w._adaptive_prefetch() == Worker.PREFETCH_PER_WORKER == 1000
+    # Four slots or more: each slot's own bound, as before.
+    w = worker(8)
+    w._runtime_ewma = 0.0001
+    w._claimed(want=1, taken=1)
+    assert w._adaptive_prefetch() == 8 * Worker.PREFETCH_PER_SLOT
+
+
+def test_the_window_grows_through_a_backlog_and_shrinks_when_a_claim_comes_back_short() -> None:
+    w = worker(1)
+    w._runtime_ewma = 0.001  # 50 rows in 50 ms
+    assert w._adaptive_prefetch() == 50
+    sizes = []
+    for _ in range(4):
+        w._claimed(want=10, taken=10)  # full: more is due
+        sizes.append(w._adaptive_prefetch())
+    # Doubling with each full claim, up to PREFETCH_GROWTH times the window.
+    assert sizes == [100, 200, 200, 200]
+    assert Worker.PREFETCH_GROWTH == 4
+    w._claimed(want=10, taken=3)  # short: the queue ran dry
+    assert w._adaptive_prefetch() == 50
+    w._claimed(want=10, taken=10)
+    assert w._adaptive_prefetch() == 100
