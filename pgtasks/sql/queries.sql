@@ -222,19 +222,13 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, N
 -- known (queue, priority) bands are read from their floors on, the priority ranges between them
 -- in full. Same locking, concurrency limits, update and RETURNING columns as claim_batch.
 WITH due AS (
-    SELECT c.id, c.priority, c.run_at, c.created_at, c.limit_key, c.limit_max, c.name,
-           c.expires_at, c.admitted
+-- insert: due_columns
       FROM unnest(%(band_queues)s::text[], %(band_priorities)s::int[],
                   %(band_floors)s::timestamptz[]) AS b(queue, priority, floor)
      CROSS JOIN LATERAL (
             -- Equal queue and priority: the floor bounds the index search itself, so entries
             -- behind it are never visited.
-            SELECT id, priority, run_at, created_at,
-                   {schema}.concurrency_key(headers) AS limit_key,
-                   headers ->> 'concurrency_limit' AS limit_max,
-                   name, expires_at, headers ? 'rate_slot' AS admitted
-              FROM {schema}.tasks
-             WHERE status = 'PENDING'
+-- insert: due_row
                AND queue = b.queue
                AND priority = b.priority
                AND run_at >= b.floor
@@ -244,17 +238,11 @@ WITH due AS (
                FOR UPDATE SKIP LOCKED
            ) AS c
     UNION ALL
-    SELECT c.id, c.priority, c.run_at, c.created_at, c.limit_key, c.limit_max, c.name,
-           c.expires_at, c.admitted
+-- insert: due_columns
       FROM unnest(%(gap_queues)s::text[], %(gap_lows)s::int[], %(gap_highs)s::int[])
            AS g(queue, low, high)
      CROSS JOIN LATERAL (
-            SELECT id, priority, run_at, created_at,
-                   {schema}.concurrency_key(headers) AS limit_key,
-                   headers ->> 'concurrency_limit' AS limit_max,
-                   name, expires_at, headers ? 'rate_slot' AS admitted
-              FROM {schema}.tasks
-             WHERE status = 'PENDING'
+-- insert: due_row
                AND queue = g.queue
                AND priority BETWEEN g.low AND g.high
                AND run_at <= now()
@@ -1324,16 +1312,10 @@ SELECT count(*) AS done,
 -- slot). One ordered index scan per queue (a plain "queue = ANY(...)" would sort every pending
 -- row).
 WITH due AS (
-    SELECT c.id, c.priority, c.run_at, c.created_at, c.limit_key, c.limit_max, c.name,
-           c.expires_at, c.admitted
+-- insert: due_columns
       FROM unnest(%(queues)s::text[]) AS q(name)
      CROSS JOIN LATERAL (
-            SELECT id, priority, run_at, created_at,
-                   {schema}.concurrency_key(headers) AS limit_key,
-                   headers ->> 'concurrency_limit' AS limit_max,
-                   name, expires_at, headers ? 'rate_slot' AS admitted
-              FROM {schema}.tasks
-             WHERE status = 'PENDING'
+-- insert: due_row
                AND queue = q.name
                AND run_at <= now()
              ORDER BY priority DESC, run_at, created_at
@@ -1342,6 +1324,22 @@ WITH due AS (
            ) AS c
      ORDER BY c.priority DESC, c.run_at, c.created_at
      LIMIT %(scan)s
+
+-- fragment: due_row
+-- A due scan's candidate rows (the inner SELECT of claim_due and of claim_batch_from_floors'
+-- two scans, each adding its own conditions, order and limit): the PENDING rows of the task
+-- table, with what the parts that decide limits read of each (see claim_limited).
+            SELECT id, priority, run_at, created_at,
+                   {schema}.concurrency_key(headers) AS limit_key,
+                   headers ->> 'concurrency_limit' AS limit_max,
+                   name, expires_at, headers ? 'rate_slot' AS admitted
+              FROM {schema}.tasks
+             WHERE status = 'PENDING'
+
+-- fragment: due_columns
+-- The columns of the CTE "due" that claim_limited reads, from a due scan's rows (c).
+    SELECT c.id, c.priority, c.run_at, c.created_at, c.limit_key, c.limit_max, c.name,
+           c.expires_at, c.admitted
 
 -- fragment: claimed_columns
 -- A claimed row's columns but the last (set_aside), in the order of pgtasks.message.ClaimedTask's
