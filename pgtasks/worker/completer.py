@@ -49,9 +49,9 @@ class Completer(threading.Thread):
         # tasks wait to start (``busy``), it waits longer: the next task is already there, so
         # the wait delays no start, and each statement (and its commit's WAL flush) is shared
         # by several times more rows. 25 ms gives a worker that runs a few thousand tasks a
-        # second batches of about a hundred: in the side-by-side burn-down this cut the
-        # server's CPU a task by about a tenth against 10 ms (batches of about thirty); 50 ms
-        # gained nothing more.
+        # second batches of about sixty: in the side-by-side burn-down this cut the server's
+        # CPU a task by about a tenth against 10 ms (batches of about thirty); 50 ms gained
+        # nothing more.
         self.linger = linger
         self.busy_linger = busy_linger
         self.busy: Callable[[], bool] | None = None
