@@ -274,23 +274,58 @@ def test_a_renewal_never_waits_for_a_row_another_transaction_holds(
     assert app.broker.renew("w1", owned, 60.0) == {ids[0]: False, ids[2]: True}
 
 
-def test_renewals_and_completions_of_one_worker_never_deadlock(
-    app: Celery, pg_dsn: str, schema: str, db: psycopg.Connection[Any], noop: Any
+#: One outcome write per kind, for a batch of claimed rows, and the status each row gets.
+OUTCOMES: dict[str, tuple[Callable[[Broker, list[Any]], dict[str, str]], str]] = {
+    "complete": (
+        lambda b, cs: b.complete(
+            "w1", [Success(c.id, c.attempt, False, JSON, None, None) for c in cs]
+        ),
+        "COMPLETED",
+    ),
+    "fail": (
+        lambda b, cs: b.fail(
+            "w1",
+            [Failure(c.id, c.attempt, "FAILED", "E", None, False, JSON, None, None) for c in cs],
+        ),
+        "FAILED",
+    ),
+    "retry": (
+        lambda b, cs: b.retry(
+            "w1",
+            [RetryAt(c.id, c.attempt, 1, 60.0, None, "E", None, "retry", None) for c in cs],
+        ),
+        "PENDING",
+    ),
+    "release": (
+        lambda b, cs: b.release("w1", [Release(c.id, c.attempt, 60.0, None) for c in cs]),
+        "PENDING",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(OUTCOMES))
+def test_renewals_and_outcomes_of_one_worker_never_deadlock(
+    app: Celery, pg_dsn: str, schema: str, db: psycopg.Connection[Any], noop: Any, kind: str
 ) -> None:
-    """Renewals of every row a worker holds, over and over beside completions of those rows
-    in batches (largest id first): every outcome is written once, and no statement fails."""
+    """Renewals of every row a worker holds, over and over beside outcome writes of those rows
+    in batches (largest id first, the opposite of an id-ordered pass): every outcome is written
+    once, and no statement fails. Outcome writes lock their rows in the order they come, and
+    only the renewals' skipping of locked rows keeps the two from waiting on each other."""
+    write, expected = OUTCOMES[kind]
     ids = [noop.delay().id for _ in range(200)]
     claimed = app.broker.claim("w1", ["celery"], 200, 60.0)
     assert len(claimed) == 200
     owned = [(c.id, c.attempt) for c in claimed]
     stop = threading.Event()
     errors: list[BaseException] = []
+    renewals = [0]
 
     def renew() -> None:
         broker = Broker(pg_dsn, schema)
         try:
             while not stop.is_set():
                 broker.renew("w1", owned, 60.0)
+                renewals[0] += 1
         except BaseException as exc:
             errors.append(exc)
         finally:
@@ -299,20 +334,18 @@ def test_renewals_and_completions_of_one_worker_never_deadlock(
     renewer = threading.Thread(target=renew)
     renewer.start()
     try:
-        # Completions in batches, largest id first: the opposite of an id-ordered pass.
+        wait_until(lambda: renewals[0] > 0 or bool(errors), what="the renewals to start")
         order = sorted(claimed, key=lambda c: c.id, reverse=True)
         written: dict[str, str] = {}
         for start in range(0, len(order), 20):
-            batch = [
-                Success(c.id, c.attempt, False, JSON, None, None) for c in order[start : start + 20]
-            ]
-            written.update(app.broker.complete("w1", batch))
+            written.update(write(app.broker, order[start : start + 20]))
     finally:
         stop.set()
         renewer.join(timeout=30)
     assert not errors, errors
-    assert written == dict.fromkeys(ids, "COMPLETED")
-    assert one(db, "SELECT count(*) AS n FROM attempts WHERE task_id = ANY(%s)", (ids,))["n"] == 200
+    assert written == dict.fromkeys(ids, expected)
+    found = rows(db, "SELECT status, claimed_by FROM tasks WHERE id = ANY(%s)", (ids,))
+    assert {(r["status"], r["claimed_by"]) for r in found} == {(expected, None)}
 
 
 def test_history_keeps_every_run_end_when_an_attempt_number_repeats(
