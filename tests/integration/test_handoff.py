@@ -156,13 +156,14 @@ def commit_modes(app: Celery, db: psycopg.Connection[Any]) -> Callable[[], dict[
 def statements_of(app: Celery, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the statements the app's broker runs from now on, in order."""
     names: list[str] = []
-    run_all = app.broker._all
+    for method in ("_all", "_direct"):  # single enqueues on the pool go by _direct
+        run = getattr(app.broker, method)
 
-    def spy(name: str, *args: Any, **kwargs: Any) -> Any:
-        names.append(name)
-        return run_all(name, *args, **kwargs)
+        def spy(name: str, *args: Any, _run: Any = run, **kwargs: Any) -> Any:
+            names.append(name)
+            return _run(name, *args, **kwargs)
 
-    monkeypatch.setattr(app.broker, "_all", spy)
+        monkeypatch.setattr(app.broker, method, spy)
     return names
 
 
