@@ -19,7 +19,16 @@ from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from pgtasks.broker import NO_HANDOFF, Broker, Row, _storage_errors, result_channel
+from pgtasks.broker import (
+    NO_HANDOFF,
+    Broker,
+    Row,
+    _storage_errors,
+    direct_gen,
+    direct_rows,
+    direct_state,
+    result_channel,
+)
 from pgtasks.pools import AsyncLifoConnectionPool
 
 if TYPE_CHECKING:
@@ -105,6 +114,23 @@ class AsyncBroker:
             await cur.execute(query, params)
             return await cur.fetchall() if cur.description else []
 
+    async def _direct(self, name: str, params: dict[str, Any]) -> list[Any]:
+        """``Broker._direct`` on the loop's pool: a single enqueue's prepared statement sent
+        through libpq, not a cursor."""
+        statement = self.broker.direct_statement(name)
+        assert statement is not None
+        pool = await self.pool()
+        async with pool.connection(timeout=self.broker.connect_timeout) as c:
+            state = direct_state(c)
+            values = statement.values(params, state.encoding)
+            for again in (False, True):
+                async with c.lock:
+                    results = await c.wait(direct_gen(c.pgconn, statement, values, state))
+                rows = direct_rows(results, state, again)
+                if rows is not None:
+                    return rows
+        raise AssertionError("unreachable")  # pragma: no cover
+
     async def enqueue(
         self, msg: TaskMessage, conn: psycopg.AsyncConnection[Any] | None = None
     ) -> str:
@@ -120,12 +146,19 @@ class AsyncBroker:
                         asked = await self._all("early_commit_allowed", {}, None, tuple_row)
                         early = broker.note_early_commits(asked)
                     params["early"] = early
+                direct = conn is None and broker.direct_statement(name) is not None
                 try:
-                    found = await self._all(name, params, conn, tuple_row)
+                    if direct:
+                        found = await self._direct(name, params)
+                    else:
+                        found = await self._all(name, params, conn, tuple_row)
                 except NO_HANDOFF:
                     if name == "insert_task":
                         raise
-                    await self._all("insert_task", params, conn)
+                    if direct:
+                        await self._direct("insert_task", params)
+                    else:
+                        await self._all("insert_task", params, conn)
                     broker.handoff_missing()
                 else:
                     if broker.committed_early(name, params, found):

@@ -16,7 +16,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -148,29 +148,42 @@ def keep_cursors(conn: psycopg.Connection[Any]) -> None:
     setattr(conn, _KEPT, {})
 
 
-# The attribute of a pooled connection that holds the names of the single-enqueue statements
-# prepared on it (see Broker._direct).
+# The attribute of a pooled connection that holds its _DirectState (see Broker._direct).
 _DIRECT = "_pgtasks_direct"
+
+
+class _DirectState:
+    """What Broker._direct keeps on a pooled connection: the names of the statements prepared
+    on it, and its client encoding (read once: pgtasks never changes it)."""
+
+    __slots__ = ("encoding", "prepared")
+
+    def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+        self.prepared: set[bytes] = set()
 
 
 def _text_param(value: Any, encoding: str) -> bytes | None:
     """A single enqueue's parameter in PostgreSQL's text format (see Broker._direct): the
     statement's casts and columns give each its type."""
+    kind = type(value)
+    if kind is str:
+        return cast(str, value).encode(encoding)
     if value is None:
         return None
-    if isinstance(value, str):
-        return value.encode(encoding)
-    if value is True:
-        return b"t"
-    if value is False:
-        return b"f"
-    if isinstance(value, int):
+    if kind is bool:
+        return b"t" if value else b"f"
+    if kind is int:
         return b"%d" % value
-    if isinstance(value, float):
+    if kind is float:
         # Finite: countdown and expires are checked as the message is built.
         return repr(value).encode()
     if isinstance(value, datetime):
         return value.isoformat().encode()
+    if isinstance(value, str):
+        return value.encode(encoding)
+    if isinstance(value, int):
+        return b"%d" % value
     raise TypeError(f"unexpected parameter of type {type(value).__name__}")
 
 
@@ -182,6 +195,60 @@ class _DirectStatement(NamedTuple):
     params: tuple[str, ...]  # the parameters, in placeholder order
     formats: tuple[int, ...]  # 0: text, 1: binary (the raw payload, bytea)
     binary: tuple[bool, ...]
+
+    def values(self, params: Mapping[str, Any], encoding: str) -> list[Any]:
+        """The parameters of one execution, as sent."""
+        return [
+            params[n] if raw else _text_param(params[n], encoding)
+            for n, raw in zip(self.params, self.binary, strict=True)
+        ]
+
+
+def direct_state(conn: Any) -> _DirectState:
+    """The _DirectState of a pooled connection (sync or async), made on first use."""
+    state: _DirectState | None = getattr(conn, _DIRECT, None)
+    if state is None:
+        state = _DirectState(conn.info.encoding)
+        setattr(conn, _DIRECT, state)
+    return state
+
+
+def direct_gen(
+    pg: pq.abc.PGconn, statement: _DirectStatement, values: Sequence[Any], state: _DirectState
+) -> Generator[Any, Any, list[pq.abc.PGresult]]:
+    """Prepare ``statement`` on the connection if it is not yet, then run it: a generator for
+    psycopg's ``Connection.wait`` (or ``AsyncConnection.wait``), which returns its results."""
+    if statement.name not in state.prepared:
+        pg.send_prepare(statement.name, statement.query)
+        _check_direct((yield from generators.execute(pg)), state.encoding)
+        state.prepared.add(statement.name)
+    pg.send_query_prepared(statement.name, values, statement.formats)
+    results: list[pq.abc.PGresult] = yield from generators.execute(pg)
+    return results
+
+
+def direct_rows(
+    results: Sequence[pq.abc.PGresult], state: _DirectState, again: bool
+) -> list[Any] | None:
+    """The rows (as tuples of booleans, the only columns these statements return) of a
+    statement direct_gen ran; None when it should be prepared and sent again (once): the
+    session had lost its prepared statements (DEALLOCATE ALL, DISCARD ALL), and the statement
+    changed nothing."""
+    result = results[-1]
+    if result.status == pq.ExecStatus.TUPLES_OK:
+        return [
+            tuple(result.get_value(row, col) == b"t" for col in range(result.nfields))
+            for row in range(result.ntuples)
+        ]
+    if (
+        not again
+        and result.status == pq.ExecStatus.FATAL_ERROR
+        and result.error_field(pq.DiagnosticField.SQLSTATE) == b"26000"
+    ):
+        state.prepared.clear()
+        return None
+    _check_direct(results, state.encoding)
+    return []
 
 
 #: Claimed rows built positionally, as ClaimedTask (one factory for every claim, so that
@@ -631,6 +698,14 @@ class Broker:
             return []
         return cur.fetchall()
 
+    def direct_statement(self, name: str) -> _DirectStatement | None:
+        """How a single enqueue's statement goes without a cursor on a pooled connection (see
+        _direct); None where it cannot: behind PgBouncer (no prepared statements), or for a
+        schema whose name is not ASCII (its queries stay composed)."""
+        if self.prepare_threshold is None:
+            return None
+        return self._direct_statements.get(name)
+
     def _direct(self, name: str, params: dict[str, Any]) -> list[Any]:
         """A single enqueue's statement on a pooled connection, its rows as tuples.
 
@@ -647,41 +722,14 @@ class Broker:
     def _send_direct(
         conn: psycopg.Connection[Any], statement: _DirectStatement, params: dict[str, Any]
     ) -> list[Any]:
-        pg = conn.pgconn
-        encoding = conn.info.encoding
-        values = [
-            params[n] if raw else _text_param(params[n], encoding)
-            for n, raw in zip(statement.params, statement.binary, strict=True)
-        ]
-        prepared: set[bytes] | None = getattr(conn, _DIRECT, None)
-        if prepared is None:
-            prepared = set()
-            setattr(conn, _DIRECT, prepared)
+        state = direct_state(conn)
+        values = statement.values(params, state.encoding)
         for again in (False, True):
             with conn.lock:
-                if statement.name not in prepared:
-                    pg.send_prepare(statement.name, statement.query)
-                    _check_direct(conn.wait(generators.execute(pg)), encoding)
-                    prepared.add(statement.name)
-                pg.send_query_prepared(statement.name, values, statement.formats)
-                results = conn.wait(generators.execute(pg))
-            result = results[-1]
-            if result.status == pq.ExecStatus.TUPLES_OK:
-                return [
-                    tuple(result.get_value(row, col) == b"t" for col in range(result.nfields))
-                    for row in range(result.ntuples)
-                ]
-            if (
-                not again
-                and result.status == pq.ExecStatus.FATAL_ERROR
-                and result.error_field(pq.DiagnosticField.SQLSTATE) == b"26000"
-            ):
-                # The session lost its prepared statements (DEALLOCATE ALL, DISCARD ALL): the
-                # statement changed nothing, and is prepared and sent again.
-                prepared.clear()
-                continue
-            _check_direct(results, encoding)
-            return []
+                results = conn.wait(direct_gen(conn.pgconn, statement, values, state))
+            rows = direct_rows(results, state, again)
+            if rows is not None:
+                return rows
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _statuses(
@@ -751,7 +799,7 @@ class Broker:
                 params = self._params(msg)
                 if name == "insert_task_handoff":
                     params["early"] = self.early_commits()
-                direct = conn is None and self.prepare_threshold is not None
+                direct = conn is None and self.direct_statement(name) is not None
                 try:
                     found: list[Any] = (
                         self._direct(name, params)

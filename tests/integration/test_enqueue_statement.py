@@ -4,6 +4,7 @@ lost its prepared statements."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -110,3 +111,36 @@ def test_a_duplicate_id_is_refused_with_the_cursors_error(app: Celery, noop: Any
     noop.apply_async(task_id="twice")
     with pytest.raises(ValueError, match="'twice' already exists"):
         noop.apply_async(task_id="twice")
+
+
+def test_the_async_pool_writes_the_row_a_cursor_writes_and_prepares_again(
+    app: Celery, db: psycopg.Connection[Any], pg_dsn: str
+) -> None:
+    @app.task(name="enqueue.async_fields", queue="wide", priority=4)
+    def async_fields(*args: Any, **kwargs: Any) -> None:
+        pass
+
+    eta = datetime(2031, 1, 2, 3, 4, 5, 6, tzinfo=timezone.utc)
+
+    async def enqueue_twice() -> tuple[str, str]:
+        first = await async_fields.apply_async_async(("☃", 1.5), {"k": None}, eta=eta)
+        pool = await app.async_broker.pool()
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT name FROM pg_prepared_statements")
+            names = [r[0] for r in await cur.fetchall()]
+            assert any(n.startswith("pgtasks_insert_task") for n in names), names
+            await conn.execute("DEALLOCATE ALL")
+        second = await async_fields.apply_async_async(("☃", 1.5), {"k": None}, eta=eta)
+        return first.id, second.id
+
+    async def main() -> tuple[str, str]:
+        try:
+            return await enqueue_twice()
+        finally:
+            await app.close_async()
+
+    first, second = asyncio.run(main())
+    msg = async_fields.build_message(("☃", 1.5), {"k": None}, eta=eta)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        app.broker.enqueue(msg, conn=conn)
+    assert written(db, first) == written(db, second) == written(db, msg.id)
