@@ -209,13 +209,16 @@ def test_an_async_hand_off_also_returns_once_its_row_is_on_disk(
     from pgtasks.aio import AsyncBroker
 
     names: list[str] = []
-    run_all = AsyncBroker._all
+    for method in ("_all", "_direct"):  # single enqueues on the pool go by _direct
+        run = getattr(AsyncBroker, method)
 
-    async def spy(self: AsyncBroker, name: str, *args: Any, **kwargs: Any) -> Any:
-        names.append(name)
-        return await run_all(self, name, *args, **kwargs)
+        async def spy(
+            self: AsyncBroker, name: str, *args: Any, _run: Any = run, **kwargs: Any
+        ) -> Any:
+            names.append(name)
+            return await _run(self, name, *args, **kwargs)
 
-    monkeypatch.setattr(AsyncBroker, "_all", spy)
+        monkeypatch.setattr(AsyncBroker, method, spy)
 
     @app.task(name="handoff.async")
     def anything() -> None:
