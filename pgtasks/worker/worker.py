@@ -69,6 +69,8 @@ class Worker:
     #: How long a park lasts at least (database clock; three polls where polls are slower). An
     #: idle worker parks again after a third of it.
     PARK_SECONDS = 5.0
+    #: Seconds a starting worker waits for its listener to listen before it first claims.
+    LISTEN_FIRST_WAIT = 2.0
     #: The most rows a slot's adaptive prefetch holds, however short the tasks: a claim of a
     #: few hundred rows costs the database far less per row than one of a hundred (the claim
     #: statement's fixed part), and a misjudged run time holds back no more than this. A
@@ -162,6 +164,9 @@ class Worker:
         # handed to it (a park that raced a hand-off is not counted as parked).
         self.handoff = self.listen and s.handoff and not burst
         self._listening = False
+        # Set once the listener first listens: the loop waits for it (a little) before its
+        # first claim, so that a revoke of a task it claims at once reaches it by NOTIFY.
+        self._first_listen = threading.Event()
         self._heard_before = False
         self._parked = False
         self._parked_at = 0.0
@@ -254,6 +259,11 @@ class Worker:
             threads.append(self.listener)
         for thread in threads:
             thread.start()
+        if self.listen:
+            # A revoke sent before the listener listens is heard only at the next renewal
+            # (a third of the lease): claim nothing until it listens, unless it cannot
+            # connect soon (the claims then meet the same trouble, and say so).
+            self._first_listen.wait(self.LISTEN_FIRST_WAIT)
         self._install_signals()
         self.log.info(
             "worker.started",
@@ -566,6 +576,8 @@ class Worker:
         did not listen were never heard of, so they are looked up now, and no park is made
         while it cannot hear."""
         self._listening = listening
+        if listening:
+            self._first_listen.set()
         if not listening:
             if self._parked or self._waking_at:
                 self._unpark()

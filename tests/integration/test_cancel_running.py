@@ -277,3 +277,10 @@ def test_abortable_tasks_as_in_celery(
         AbortableAsyncResult(later.id, app=app).abort()
         assert status(db, later.id) == "CANCELLED"
     assert result.state == "REVOKED"
+
+
+def test_a_started_worker_listens_before_its_first_claim(app: Celery, worker_factory: Any) -> None:
+    """A revoke sent as soon as a worker took its first task reaches it by NOTIFY: the worker
+    claims nothing (and says it is ready) only once its listener listens."""
+    with worker_factory(lease=LONG_LEASE) as worker:
+        assert worker._listening
