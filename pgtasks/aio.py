@@ -122,14 +122,9 @@ class AsyncBroker:
         pool = await self.pool()
         async with pool.connection(timeout=self.broker.connect_timeout) as c:
             state = direct_state(c)
-            values = statement.values(params, state.encoding)
-            for again in (False, True):
-                async with c.lock:
-                    results = await c.wait(direct_gen(c.pgconn, statement, values, state))
-                rows = direct_rows(results, state, again)
-                if rows is not None:
-                    return rows
-        raise AssertionError("unreachable")  # pragma: no cover
+            async with c.lock:
+                results = await c.wait(direct_gen(c.pgconn, statement, params, state))
+        return direct_rows(results, state.encoding)
 
     async def enqueue(
         self, msg: TaskMessage, conn: psycopg.AsyncConnection[Any] | None = None

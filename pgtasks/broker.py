@@ -193,14 +193,13 @@ class _DirectStatement(NamedTuple):
     name: bytes  # of the prepared statement, on every pooled connection
     query: bytes  # with $1 placeholders
     params: tuple[str, ...]  # the parameters, in placeholder order
-    formats: tuple[int, ...]  # 0: text, 1: binary (the raw payload, bytea)
-    binary: tuple[bool, ...]
+    formats: tuple[int, ...]  # 0: text, 1: binary (the raw payload, bytea, sent as it is)
 
     def values(self, params: Mapping[str, Any], encoding: str) -> list[Any]:
         """The parameters of one execution, as sent."""
         return [
-            params[n] if raw else _text_param(params[n], encoding)
-            for n, raw in zip(self.params, self.binary, strict=True)
+            params[n] if binary else _text_param(params[n], encoding)
+            for n, binary in zip(self.params, self.formats, strict=True)
         ]
 
 
@@ -214,10 +213,31 @@ def direct_state(conn: Any) -> _DirectState:
 
 
 def direct_gen(
+    pg: pq.abc.PGconn,
+    statement: _DirectStatement,
+    params: Mapping[str, Any],
+    state: _DirectState,
+) -> Generator[Any, Any, list[pq.abc.PGresult]]:
+    """Run ``statement`` with ``params`` (preparing it on the connection first if it is not
+    yet): a generator for psycopg's ``Connection.wait`` (or ``AsyncConnection.wait``), which
+    returns its results. A session that lost its prepared statements (DEALLOCATE ALL,
+    DISCARD ALL) fails the statement, which changed nothing: it is prepared and run once
+    more."""
+    values = statement.values(params, state.encoding)
+    results = yield from _run_prepared(pg, statement, values, state)
+    last = results[-1]
+    if (
+        last.status == pq.ExecStatus.FATAL_ERROR
+        and last.error_field(pq.DiagnosticField.SQLSTATE) == b"26000"
+    ):
+        state.prepared.clear()
+        results = yield from _run_prepared(pg, statement, values, state)
+    return results
+
+
+def _run_prepared(
     pg: pq.abc.PGconn, statement: _DirectStatement, values: Sequence[Any], state: _DirectState
 ) -> Generator[Any, Any, list[pq.abc.PGresult]]:
-    """Prepare ``statement`` on the connection if it is not yet, then run it: a generator for
-    psycopg's ``Connection.wait`` (or ``AsyncConnection.wait``), which returns its results."""
     if statement.name not in state.prepared:
         pg.send_prepare(statement.name, statement.query)
         _check_direct((yield from generators.execute(pg)), state.encoding)
@@ -227,28 +247,26 @@ def direct_gen(
     return results
 
 
-def direct_rows(
-    results: Sequence[pq.abc.PGresult], state: _DirectState, again: bool
-) -> list[Any] | None:
-    """The rows (as tuples of booleans, the only columns these statements return) of a
-    statement direct_gen ran; None when it should be prepared and sent again (once): the
-    session had lost its prepared statements (DEALLOCATE ALL, DISCARD ALL), and the statement
-    changed nothing."""
+def direct_rows(results: Sequence[pq.abc.PGresult], encoding: str) -> list[Any]:
+    """The rows of a statement direct_gen ran, as tuples of booleans (the only columns these
+    statements return); its error raised as a cursor would raise it."""
     result = results[-1]
     if result.status == pq.ExecStatus.TUPLES_OK:
         return [
             tuple(result.get_value(row, col) == b"t" for col in range(result.nfields))
             for row in range(result.ntuples)
         ]
-    if (
-        not again
-        and result.status == pq.ExecStatus.FATAL_ERROR
-        and result.error_field(pq.DiagnosticField.SQLSTATE) == b"26000"
-    ):
-        state.prepared.clear()
-        return None
-    _check_direct(results, state.encoding)
+    _check_direct(results, encoding)
     return []
+
+
+def _check_direct(results: Sequence[pq.abc.PGresult], encoding: str) -> None:
+    """Raise the error of a statement sent by Broker._direct, as a cursor would."""
+    for result in results:
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            raise errors.error_from_result(result, encoding=encoding)
+        if result.status not in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK):
+            raise psycopg.InterfaceError(f"unexpected result of an enqueue: {result.status!r}")
 
 
 #: Claimed rows built positionally, as ClaimedTask (one factory for every claim, so that
@@ -469,13 +487,11 @@ class Broker:
             if isinstance(query, bytes):
                 text, names = native(query)
                 digest = hashlib.sha1(query).hexdigest()[:16]
-                binary = tuple(n == "payload_raw" for n in names)
                 self._direct_statements[name] = _DirectStatement(
                     f"pgtasks_{name}_{digest}".encode(),
                     text,
                     names,
-                    tuple(int(b) for b in binary),
-                    binary,
+                    tuple(int(n == "payload_raw") for n in names),
                 )
         self._copy_statement = sql.SQL(
             "COPY {}.tasks (id, name, queue, priority, run_at, expires_at, content_type,"
@@ -723,14 +739,9 @@ class Broker:
         conn: psycopg.Connection[Any], statement: _DirectStatement, params: dict[str, Any]
     ) -> list[Any]:
         state = direct_state(conn)
-        values = statement.values(params, state.encoding)
-        for again in (False, True):
-            with conn.lock:
-                results = conn.wait(direct_gen(conn.pgconn, statement, values, state))
-            rows = direct_rows(results, state, again)
-            if rows is not None:
-                return rows
-        raise AssertionError("unreachable")  # pragma: no cover
+        with conn.lock:
+            results = conn.wait(direct_gen(conn.pgconn, statement, params, state))
+        return direct_rows(results, state.encoding)
 
     def _statuses(
         self, name: str, params: dict[str, Any], conn: psycopg.Connection[Any] | None = None
@@ -1956,15 +1967,6 @@ def _json_row(msg: TaskMessage) -> dict[str, Any]:
         "headers": msg.headers,
         "max_retries": msg.max_retries,
     }
-
-
-def _check_direct(results: Sequence[pq.abc.PGresult], encoding: str) -> None:
-    """Raise the error of a statement sent by Broker._direct, as a cursor would."""
-    for result in results:
-        if result.status == pq.ExecStatus.FATAL_ERROR:
-            raise errors.error_from_result(result, encoding=encoding)
-        if result.status not in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK):
-            raise psycopg.InterfaceError(f"unexpected result of an enqueue: {result.status!r}")
 
 
 @contextmanager
