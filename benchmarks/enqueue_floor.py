@@ -1,0 +1,195 @@
+"""How close one-by-one enqueueing comes to what the disk allows, round by round.
+
+Each round, on the shared harness's services (``./services.sh start`` in the harness first):
+
+1. the harness's enqueue phase for pgtasks and Celery (``driver.py --skip process,ceiling``);
+2. a Python loop that does nothing but libpq's ``PQexecPrepared`` of a prepared ``INSERT`` of the
+   row a ``delay()`` writes into pgtasks' table, with a new id each call;
+3. ``pgbench -M prepared``, one client, with that ``INSERT`` and with pgtasks' own enqueue
+   statement (the hand-off one), every commit waiting for the disk as the server is set.
+
+The three measure, side by side in the same minutes, the Python-bound enqueue of a broker that
+keeps nothing on disk, pgtasks' ``delay()``, and the least a client can spend on a durable row::
+
+    cd ../shared/bench && ./services.sh start
+    PGTASKS_BENCH_SRC=/path/to/pgtasks-snapshot \\
+      python /path/to/pgtasks/benchmarks/enqueue_floor.py --harness . --rounds 3
+
+Run it with the ``python`` that runs the harness's ``driver.py`` (it needs pgtasks, Celery and
+psycopg). Tables it writes rows into are emptied after each round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any
+
+import psycopg
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DB = "bench_pgtasks"
+SCHEMA = "pgtasks"
+ARGS = '[["r", 1796614000.123456], {}]'
+HEADERS = '{"argsrepr": "(\'r\', 1796614000.123456)", "kwargsrepr": "{}", "ignore_result": true}'
+VALUES = {
+    "name": "'bench.task'",
+    "queue": "'celery'",
+    "priority": "0",
+    "eta": "NULL",
+    "countdown": "NULL",
+    "expires_at": "NULL",
+    "expires_in": "NULL",
+    "content_type": "'application/json'",
+    "content_encoding": "'utf-8'",
+    "payload": "'" + ARGS + "'",
+    "payload_raw": "NULL",
+    "headers": "'" + HEADERS.replace("'", "''") + "'",
+    "max_retries": "3",
+    "early": "false",
+}
+INSERT = (
+    "INSERT INTO {schema}.tasks (id, name, queue, priority, run_at, expires_at, content_type,"
+    " content_encoding, payload, payload_raw, headers, max_retries)"
+    " VALUES (%(id)s, %(name)s, %(queue)s, %(priority)s, now(), NULL, %(content_type)s,"
+    " %(content_encoding)s, %(payload)s::json, NULL, %(headers)s::jsonb, %(max_retries)s)"
+)
+
+
+def pgbench_script(statement: str) -> str:
+    """``statement`` (psycopg placeholders, ``{schema}``) as a pgbench script: the values of a
+    ``delay("r", ts)`` written in, the id drawn at random (a parameter under ``-M prepared``)."""
+    text = statement.replace("{schema}", SCHEMA)
+    values = dict(VALUES, id="(:r)::text")
+    text = re.sub(r"%\((\w+)\)s", lambda m: values[m.group(1)], text)
+    return "\\set r random(1, 1000000000000)\n" + " ".join(text.split()) + ";\n"
+
+
+def enqueue_phase(harness: str, label: str, out: str) -> dict[str, float]:
+    """The harness's one-by-one enqueue rates for pgtasks and Celery, in one driver run."""
+    env = dict(os.environ)
+    env["BENCH_EXTRA_ADAPTERS"] = "pgtasks=" + os.path.join(HERE, "pgtasks_adapter.py")
+    subprocess.run(
+        [
+            *(sys.executable, "driver.py", "--systems", "pgtasks,celery"),
+            *("--configs", "pgtasks:2proc-c1-threads,celery:solo-x2", "--reps", "1"),
+            *("--skip", "process,ceiling", "--label", label, "--out", out),
+        ],
+        cwd=harness,
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    rates: dict[str, float] = {}
+    with open(out, encoding="utf-8") as lines:
+        for line in lines:
+            row = json.loads(line)
+            if row.get("label") == label and row.get("metric") == "enqueue_single":
+                rates[row["system"]] = float(row["rate"])
+    return rates
+
+
+def libpq_loop(dsn: str, calls: int) -> tuple[float, float]:
+    """Calls a second and the caller's CPU (µs a call) of the bare prepared ``INSERT``."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        pg = conn.pgconn
+        query = re.sub(r"%\((\w+)\)s", "$%s", INSERT.replace("{schema}", SCHEMA))
+        names = re.findall(r"%\((\w+)\)s", INSERT)
+        query = query % tuple(range(1, len(names) + 1))
+        text = {"name": "bench.task", "queue": "celery", "priority": "0", "max_retries": "3"}
+        text.update(content_type="application/json", content_encoding="utf-8")
+        text.update(payload=ARGS, headers=HEADERS)
+        params: list[Any] = [text.get(n, "").encode() for n in names]
+        result = pg.prepare(b"floor_insert", query.encode())
+        if result.status != 1:  # COMMAND_OK
+            raise RuntimeError(result.get_error_message())
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(calls):
+            params[0] = str(uuid.uuid4()).encode()
+            result = pg.exec_prepared(b"floor_insert", params)
+            if result.status != 1:
+                raise RuntimeError(result.get_error_message())
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return calls / wall, cpu / calls * 1e6
+
+
+def pgbench(pgbench_bin: str, dsn_parts: dict[str, str], script: str, seconds: int) -> float:
+    """Statements a second of ``script`` from one pgbench client."""
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
+        f.write(script)
+    try:
+        env = dict(os.environ, PGOPTIONS="-c pgtasks.gated=on")
+        done = subprocess.run(
+            [
+                *(pgbench_bin, "-h", dsn_parts["host"], "-p", dsn_parts["port"]),
+                *("-U", dsn_parts["user"], "-n", "-M", "prepared", "-c", "1"),
+                *("-T", str(seconds), "-f", f.name, DB),
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        os.unlink(f.name)
+    found = re.search(r"^tps = ([\d.]+)", done.stdout, re.MULTILINE)
+    if not found:
+        raise RuntimeError(f"no rate in pgbench's output:\n{done.stdout}\n{done.stderr}")
+    return float(found.group(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--harness", default=".", help="the shared harness's folder")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=6000, help="of the libpq loop")
+    parser.add_argument("--seconds", type=int, default=6, help="of each pgbench run")
+    parser.add_argument("--out", default=None, help="the driver's JSONL (default: a temp file)")
+    args = parser.parse_args()
+    harness = os.path.abspath(args.harness)
+    sys.path.insert(0, harness)
+    import common  # the harness's module: its database addresses
+
+    from pgtasks.sql import raw_queries
+
+    pgbench_bin = shutil.which("pgbench") or os.path.join(
+        os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin"), "pgbench"
+    )
+    dsn = common.dsn(DB)
+    parts = {"host": common.PG_HOST, "port": str(common.PG_PORT), "user": common.PG_USER}
+    scripts = {
+        "insert": pgbench_script(INSERT),
+        "handoff": pgbench_script(raw_queries()["insert_task_handoff"]),
+    }
+    out = args.out or tempfile.mkstemp(suffix=".jsonl")[1]
+    print(
+        "| round | Celery `delay()` | pgtasks `delay()` | Python, libpq only "
+        "| `pgbench`, the `INSERT` | `pgbench`, the hand-off statement | 1.2x Celery |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for n in range(1, args.rounds + 1):
+        rates = enqueue_phase(harness, f"floor-{int(time.time())}-{n}", out)
+        bare, cpu = libpq_loop(dsn, args.calls)
+        insert = pgbench(pgbench_bin, parts, scripts["insert"], args.seconds)
+        handoff = pgbench(pgbench_bin, parts, scripts["handoff"], args.seconds)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"TRUNCATE {SCHEMA}.tasks")
+        celery, pgtasks = rates["celery"], rates["pgtasks"]
+        print(
+            f"| {n} | {celery:,.0f}/s | {pgtasks:,.0f}/s ({pgtasks / celery:.2f}x) "
+            f"| {bare:,.0f}/s ({cpu:.0f} µs of CPU a call) | {insert:,.0f}/s "
+            f"| {handoff:,.0f}/s | {1.2 * celery:,.0f}/s |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
