@@ -3,10 +3,11 @@
 Each round, on the shared harness's services (``./services.sh start`` in the harness first):
 
 1. the harness's enqueue phase for pgtasks and Celery (``driver.py --skip process,ceiling``);
-2. a Python loop that does nothing but libpq's ``PQexecPrepared`` of a prepared ``INSERT`` of the
-   row a ``delay()`` writes into pgtasks' table, with a new id each call;
-3. ``pgbench -M prepared``, one client, with that ``INSERT`` and with pgtasks' own enqueue
-   statement (the hand-off one), every commit waiting for the disk as the server is set.
+2. a Python loop that does nothing but libpq's ``PQexecPrepared`` of pgtasks' plain enqueue
+   statement (the ``INSERT`` of ``insert_task``) with the row a ``delay()`` writes, a new id each
+   call;
+3. ``pgbench -M prepared``, one client, with that ``INSERT`` and with the hand-off statement a
+   ``delay()`` sends, every commit waiting for the disk as the server is set.
 
 The three measure, side by side in the same minutes, the Python-bound enqueue of a broker that
 keeps nothing on disk, pgtasks' ``delay()``, and the least a client can spend on a durable row::
@@ -34,41 +35,40 @@ import uuid
 from typing import Any
 
 import psycopg
+from psycopg import pq, sql
+
+from pgtasks.broker import _text_param
+from pgtasks.sql import native, queries, raw_queries
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DB = "bench_pgtasks"
 SCHEMA = "pgtasks"
-ARGS = '[["r", 1796614000.123456], {}]'
-HEADERS = '{"argsrepr": "(\'r\', 1796614000.123456)", "kwargsrepr": "{}", "ignore_result": true}'
-VALUES = {
-    "name": "'bench.task'",
-    "queue": "'celery'",
-    "priority": "0",
-    "eta": "NULL",
-    "countdown": "NULL",
-    "expires_at": "NULL",
-    "expires_in": "NULL",
-    "content_type": "'application/json'",
-    "content_encoding": "'utf-8'",
-    "payload": "'" + ARGS + "'",
-    "payload_raw": "NULL",
-    "headers": "'" + HEADERS.replace("'", "''") + "'",
-    "max_retries": "3",
-    "early": "false",
+#: The row of a ``delay("r", ts)`` of the harness's task, by the statements' parameter names.
+ROW: dict[str, Any] = {
+    "name": "bench.task",
+    "queue": "celery",
+    "priority": 0,
+    "eta": None,
+    "countdown": None,
+    "expires_at": None,
+    "expires_in": None,
+    "content_type": "application/json",
+    "content_encoding": "utf-8",
+    "payload": '[["r", 1796614000.123456], {}]',
+    "payload_raw": None,
+    "headers": '{"argsrepr": "(\'r\', 1796614000.123456)", "kwargsrepr": "{}", '
+    '"ignore_result": true}',
+    "max_retries": 3,
+    "early": False,
 }
-INSERT = (
-    "INSERT INTO {schema}.tasks (id, name, queue, priority, run_at, expires_at, content_type,"
-    " content_encoding, payload, payload_raw, headers, max_retries)"
-    " VALUES (%(id)s, %(name)s, %(queue)s, %(priority)s, now(), NULL, %(content_type)s,"
-    " %(content_encoding)s, %(payload)s::json, NULL, %(headers)s::jsonb, %(max_retries)s)"
-)
 
 
-def pgbench_script(statement: str) -> str:
-    """``statement`` (psycopg placeholders, ``{schema}``) as a pgbench script: the values of a
-    ``delay("r", ts)`` written in, the id drawn at random (a parameter under ``-M prepared``)."""
-    text = statement.replace("{schema}", SCHEMA)
-    values = dict(VALUES, id="(:r)::text")
+def pgbench_script(name: str) -> str:
+    """pgtasks' statement ``name`` as a pgbench script: the values of ``ROW`` written in, the
+    id drawn at random (a parameter under ``-M prepared``)."""
+    text = raw_queries()[name].replace("{schema}", SCHEMA)
+    values = {n: sql.Literal(v).as_string(None) for n, v in ROW.items()}
+    values["id"] = "(:r)::text"
     text = re.sub(r"%\((\w+)\)s", lambda m: values[m.group(1)], text)
     return "\\set r random(1, 1000000000000)\n" + " ".join(text.split()) + ";\n"
 
@@ -98,24 +98,24 @@ def enqueue_phase(harness: str, label: str, out: str) -> dict[str, float]:
 
 
 def libpq_loop(dsn: str, calls: int) -> tuple[float, float]:
-    """Calls a second and the caller's CPU (µs a call) of the bare prepared ``INSERT``."""
+    """Calls a second and the caller's CPU (µs a call) of pgtasks' plain enqueue statement
+    (``insert_task``), prepared and sent with ``ROW`` as text, a new id each call."""
+    query = queries(SCHEMA)["insert_task"]
+    assert isinstance(query, bytes), "an ASCII schema's queries are bytes"
+    text, names = native(query)
     with psycopg.connect(dsn, autocommit=True) as conn:
         pg = conn.pgconn
-        query = re.sub(r"%\((\w+)\)s", "$%s", INSERT.replace("{schema}", SCHEMA))
-        names = re.findall(r"%\((\w+)\)s", INSERT)
-        query = query % tuple(range(1, len(names) + 1))
-        text = {"name": "bench.task", "queue": "celery", "priority": "0", "max_retries": "3"}
-        text.update(content_type="application/json", content_encoding="utf-8")
-        text.update(payload=ARGS, headers=HEADERS)
-        params: list[Any] = [text.get(n, "").encode() for n in names]
-        result = pg.prepare(b"floor_insert", query.encode())
-        if result.status != 1:  # COMMAND_OK
+        row = dict(ROW, id="")
+        params = [_text_param(row[n], conn.info.encoding) for n in names]
+        at = names.index("id")
+        result = pg.prepare(b"floor_insert", text)
+        if result.status != pq.ExecStatus.COMMAND_OK:
             raise RuntimeError(result.get_error_message())
         t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(calls):
-            params[0] = str(uuid.uuid4()).encode()
+            params[at] = str(uuid.uuid4()).encode()
             result = pg.exec_prepared(b"floor_insert", params)
-            if result.status != 1:
+            if result.status != pq.ExecStatus.COMMAND_OK:
                 raise RuntimeError(result.get_error_message())
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     return calls / wall, cpu / calls * 1e6
@@ -158,16 +158,14 @@ def main() -> None:
     sys.path.insert(0, harness)
     import common  # the harness's module: its database addresses
 
-    from pgtasks.sql import raw_queries
-
     pgbench_bin = shutil.which("pgbench") or os.path.join(
         os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin"), "pgbench"
     )
     dsn = common.dsn(DB)
     parts = {"host": common.PG_HOST, "port": str(common.PG_PORT), "user": common.PG_USER}
     scripts = {
-        "insert": pgbench_script(INSERT),
-        "handoff": pgbench_script(raw_queries()["insert_task_handoff"]),
+        "insert": pgbench_script("insert_task"),
+        "handoff": pgbench_script("insert_task_handoff"),
     }
     out = args.out or tempfile.mkstemp(suffix=".jsonl")[1]
     print(
