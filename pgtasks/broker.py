@@ -168,7 +168,8 @@ def _text_param(value: Any, encoding: str) -> bytes | None:
     statement's casts and columns give each its type."""
     kind = type(value)
     if kind is str:
-        return cast(str, value).encode(encoding)
+        encoded: bytes = value.encode(encoding)
+        return encoded
     if value is None:
         return None
     if kind is bool:
@@ -196,11 +197,19 @@ class _DirectStatement(NamedTuple):
     formats: tuple[int, ...]  # 0: text, 1: binary (the raw payload, bytea, sent as it is)
 
     def values(self, params: Mapping[str, Any], encoding: str) -> list[Any]:
-        """The parameters of one execution, as sent."""
-        return [
-            params[n] if binary else _text_param(params[n], encoding)
-            for n, binary in zip(self.params, self.formats, strict=True)
-        ]
+        """The parameters of one execution, as sent. The common types are converted here
+        rather than by a call of ``_text_param`` each: this runs on every ``delay()``."""
+        out: list[Any] = []
+        add = out.append
+        for n, binary in zip(self.params, self.formats, strict=True):
+            value = params[n]
+            if binary or value is None:
+                add(value)
+            elif type(value) is str:
+                add(value.encode(encoding))
+            else:
+                add(_text_param(value, encoding))
+        return out
 
 
 def direct_state(conn: Any) -> _DirectState:
@@ -252,6 +261,8 @@ def direct_rows(results: Sequence[pq.abc.PGresult], encoding: str) -> list[Any]:
     statements return); its error raised as a cursor would raise it."""
     result = results[-1]
     if result.status == pq.ExecStatus.TUPLES_OK:
+        if result.ntuples == 1 and result.nfields == 1:  # an enqueue's row: handed_off
+            return [(result.get_value(0, 0) == b"t",)]
         return [
             tuple(result.get_value(row, col) == b"t" for col in range(result.nfields))
             for row in range(result.ntuples)
@@ -1969,37 +1980,54 @@ def _json_row(msg: TaskMessage) -> dict[str, Any]:
     }
 
 
-@contextmanager
-def _storage_errors(task_id: str | None) -> Iterator[None]:
-    """Turn the database's refusals of a payload into the errors a caller can act on."""
-    try:
-        yield
-    except errors.UniqueViolation:
-        raise ValueError(
-            f"a task with id {task_id!r} already exists; task ids must be unique"
-        ) from None
-    except (
-        errors.InvalidTextRepresentation,
-        errors.UntranslatableCharacter,
-        errors.DataException,
-    ) as exc:
-        raise EncodeError(
-            "the task payload cannot be stored as JSON "
-            f"({exc.diag.message_primary}); NaN and Infinity are not valid JSON"
-        ) from None
-    except errors.UndefinedTable:
-        raise ImproperlyConfigured(
-            "the pgtasks schema does not exist in this database; run `pgtasks migrate`"
-        ) from None
-    except errors.ConfigurationLimitExceeded as exc:
-        hint = f"; {exc.diag.message_hint}" if exc.diag.message_hint else ""
-        raise QuotaExceeded(f"{exc.diag.message_primary}{hint}") from None
-    except errors.InsufficientPrivilege as exc:
-        raise NotPermitted(
-            f"the database refused to store the task ({exc.diag.message_primary}): this role "
-            "may not enqueue it; `pgtasks grants` sets the queues and task names a producer "
-            "role may use"
-        ) from None
+class _storage_errors:
+    """Turn the database's refusals of a payload into the errors a caller can act on.
+
+    ``with _storage_errors(task_id): ...`` around a write. A class rather than a generator
+    context manager: it is entered on every ``delay()``."""
+
+    __slots__ = ("task_id",)
+
+    def __init__(self, task_id: str | None) -> None:
+        self.task_id = task_id
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        if exc is None:
+            return
+        if isinstance(exc, errors.UniqueViolation):
+            raise ValueError(
+                f"a task with id {self.task_id!r} already exists; task ids must be unique"
+            ) from None
+        if isinstance(
+            exc,
+            (
+                errors.InvalidTextRepresentation,
+                errors.UntranslatableCharacter,
+                errors.DataException,
+            ),
+        ):
+            raise EncodeError(
+                "the task payload cannot be stored as JSON "
+                f"({exc.diag.message_primary}); NaN and Infinity are not valid JSON"
+            ) from None
+        if isinstance(exc, errors.UndefinedTable):
+            raise ImproperlyConfigured(
+                "the pgtasks schema does not exist in this database; run `pgtasks migrate`"
+            ) from None
+        if isinstance(exc, errors.ConfigurationLimitExceeded):
+            hint = f"; {exc.diag.message_hint}" if exc.diag.message_hint else ""
+            raise QuotaExceeded(f"{exc.diag.message_primary}{hint}") from None
+        if isinstance(exc, errors.InsufficientPrivilege):
+            raise NotPermitted(
+                f"the database refused to store the task ({exc.diag.message_primary}): this role "
+                "may not enqueue it; `pgtasks grants` sets the queues and task names a producer "
+                "role may use"
+            ) from None
 
 
 # -- canvas data: what the canvas layer asks the broker to write ------------------------------

@@ -465,8 +465,9 @@ class Task(Generic[P, R]):
     ) -> TaskMessage:
         """The row a call would write, with every option checked."""
         settings = options.pop("_settings", None)
-        if any(value is not None for value in options.values()):
-            return self.message_maker(_settings=settings, **options)(args, kwargs, task_id)
+        for value in options.values():
+            if value is not None:
+                return self.message_maker(_settings=settings, **options)(args, kwargs, task_id)
         return self._plain_maker(settings)(args, kwargs, task_id)
 
     def _plain_maker(
