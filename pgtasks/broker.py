@@ -16,6 +16,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -289,8 +290,14 @@ _CLAIMED_ROWS = args_row(ClaimedTask)
 _forks = [0]
 
 
+#: Every Broker of this process, whose kept connection a fork leaves with the parent.
+_brokers: weakref.WeakSet[Broker] = weakref.WeakSet()
+
+
 def _forked() -> None:
     _forks[0] += 1
+    for broker in list(_brokers):
+        broker.forked()
 
 
 if hasattr(os, "register_at_fork"):
@@ -525,6 +532,14 @@ class Broker:
         self._pool_forks = -1
         self._inherited: list[ConnectionPool] = []
         self._lock = threading.Lock()
+        # The connection single enqueues keep between calls (see _pooled), taken from the pool
+        # (the one in _hot_pool) at _hot_since; used by one thread at a time, under _hot_lock.
+        self._hot: psycopg.Connection[Any] | None = None
+        self._hot_pool: ConnectionPool | None = None
+        self._hot_since = 0.0
+        self._hot_lock = threading.Lock()
+        self._inherited_hot: list[psycopg.Connection[Any]] = []
+        _brokers.add(self)
 
     # -- connections -------------------------------------------------------------------------
 
@@ -638,6 +653,13 @@ class Broker:
         return conn
 
     def close(self) -> None:
+        # Waits for an enqueue on the kept connection; one still running after
+        # connect_timeout keeps it, and the next enqueue closes it.
+        if self._hot_lock.acquire(timeout=self.connect_timeout):
+            try:
+                self._drop_hot()
+            finally:
+                self._hot_lock.release()
         if self._pool is not None and self._pool_forks == _forks[0]:
             self._pool.close()
         self._pool = None
@@ -653,8 +675,56 @@ class Broker:
             return self._run(conn, name, params, row_factory)
         return self._pooled(lambda c: self._run(c, name, params, row_factory), name)
 
-    def _pooled(self, run: Callable[[psycopg.Connection[Any]], _T], name: str) -> _T:
-        """``run`` on a pooled connection, once more on another when that one was broken."""
+    #: Seconds single enqueues keep one connection out of the pool before they hand it back
+    #: and take the pool's next (so that its health checks and lifetime apply to it too).
+    HOT_FOR = 30.0
+
+    def forked(self) -> None:
+        """In a child process just forked (one thread): the kept connection, whose socket is
+        the parent's, is set aside (referenced, so that garbage collection never closes it
+        here), and its lock, which another thread of the parent may have held, made anew."""
+        if self._hot is not None:
+            self._inherited_hot.append(self._hot)
+        self._hot = self._hot_pool = None
+        self._hot_lock = threading.Lock()
+
+    def _take_hot(self, pool: ConnectionPool) -> psycopg.Connection[Any]:
+        """The connection single enqueues keep (under _hot_lock): the one kept, or a new one
+        from ``pool`` when there is none, it came from another pool (closed since), or it has
+        been kept for HOT_FOR seconds."""
+        conn = self._hot
+        if conn is not None:
+            if self._hot_pool is pool and time.monotonic() - self._hot_since < self.HOT_FOR:
+                return conn
+            self._drop_hot()
+        conn = self._hot = pool.getconn(timeout=self.connect_timeout)
+        self._hot_pool = pool
+        self._hot_since = time.monotonic()
+        return conn
+
+    def _drop_hot(self) -> None:
+        """Hand the kept connection back to its pool (under _hot_lock), which keeps it, resets
+        it or, broken, replaces it; closed, where that pool has been closed."""
+        conn, pool = self._hot, self._hot_pool
+        self._hot = self._hot_pool = None
+        if conn is None:
+            return
+        if pool is not None and pool is self._pool:
+            pool.putconn(conn)
+        else:
+            conn.close()
+
+    def _pooled(
+        self, run: Callable[[psycopg.Connection[Any]], _T], name: str, hot: bool = False
+    ) -> _T:
+        """``run`` on a pooled connection, once more on another when that one was broken.
+
+        ``hot`` (single enqueues): on the connection this broker keeps out of the pool between
+        calls, when no other thread is using it. Taking and returning a pooled connection
+        (two locks, the pool's checks and bookkeeping) cost about 17 µs of the caller's CPU a
+        ``delay()`` in a loop, with the caches cold between round trips; a pool of one
+        connection is left to the pool alone.
+        """
         # A pooled connection may have been closed by the server since its last use (a restart,
         # a failover, pg_terminate_backend): the pool drops a broken connection when it comes
         # back, so the statement is sent again on another one. Every named query is one
@@ -668,6 +738,25 @@ class Broker:
                 # autocommit connection, no usage statistics; putconn still resets or replaces a
                 # connection left in a bad state.
                 pool = self.pool
+                if (
+                    hot
+                    and attempt == 1
+                    and self.max_size > 1
+                    and self._hot_lock.acquire(blocking=False)
+                ):
+                    try:
+                        c = used = self._take_hot(pool)
+                        done = False
+                        try:
+                            found = run(c)
+                            done = True
+                            return found
+                        finally:
+                            if not done:
+                                # The pool looks at it: kept, reset, or replaced if broken.
+                                self._drop_hot()
+                    finally:
+                        self._hot_lock.release()
                 c = used = pool.getconn(timeout=self.connect_timeout)
                 try:
                     return run(c)
@@ -743,7 +832,7 @@ class Broker:
         the caller's CPU in a ``delay()`` loop, and a tenth of its time.
         """
         statement = self._direct_statements[name]
-        return self._pooled(lambda c: self._send_direct(c, statement, params), name)
+        return self._pooled(lambda c: self._send_direct(c, statement, params), name, hot=True)
 
     @staticmethod
     def _send_direct(

@@ -321,24 +321,40 @@ class Task(Generic[P, R]):
         if settings.always_eager:
             return self.apply(args, kwargs, task_id=task_id)
         with tracing.producer(self.name) as inject:
-            msg, holder = self._publish(
-                args,
-                kwargs,
-                inject,
-                connection,
-                task_id=task_id,
-                countdown=countdown,
-                eta=eta,
-                expires=expires,
-                priority=priority,
-                queue=queue,
-                headers=headers,
-                serializer=serializer,
-                ignore_result=ignore_result,
-                max_retries=max_retries,
-                _settings=settings,
-                **options,
-            )
+            if (
+                countdown is None
+                and eta is None
+                and expires is None
+                and priority is None
+                and queue is None
+                and headers is None
+                and serializer is None
+                and ignore_result is None
+                and max_retries is None
+                and not options
+                and type(self).build_message is Task.build_message
+            ):
+                # A call with no options (delay()): the row as build_message would make it,
+                # without passing every option along to be looked at again.
+                msg = self._plain_maker(settings)(args, kwargs, task_id)
+            else:
+                msg = self.build_message(
+                    args,
+                    kwargs,
+                    task_id=task_id,
+                    countdown=countdown,
+                    eta=eta,
+                    expires=expires,
+                    priority=priority,
+                    queue=queue,
+                    headers=headers,
+                    serializer=serializer,
+                    ignore_result=ignore_result,
+                    max_retries=max_retries,
+                    _settings=settings,
+                    **options,
+                )
+            holder = self._publish(msg, args, kwargs, inject, connection)
         return self._result_of(msg, holder)
 
     def _result_of(self, msg: TaskMessage, holder: str) -> AsyncResult:
@@ -349,21 +365,20 @@ class Task(Generic[P, R]):
 
     def _publish(
         self,
+        msg: TaskMessage,
         args: Sequence[Any] | None,
         kwargs: dict[str, Any] | None,
         inject: tracing.Inject,
         connection: Any,
-        **options: Any,
-    ) -> tuple[TaskMessage, str]:
-        """Build, sign with the trace context, and write one row (with its publish signals).
-        Returns the message and the id of the task holding the call (another task's id when
-        the call is unique and its key is held: then nothing was written)."""
-        msg = self.build_message(args, kwargs, **options)
+    ) -> str:
+        """Sign ``msg`` with the trace context and write its row (with its publish signals).
+        Returns the id of the task holding the call (another task's id when the call is
+        unique and its key is held: then nothing was written)."""
         inject(msg.headers, msg.queue)
         signals.send_before_publish(msg, args, kwargs)
         holder = self.app.broker.enqueue(msg, conn=self._enqueue_conn(connection))
         _published(msg, holder, args, kwargs)
-        return msg, holder
+        return holder
 
     # -- canvas ------------------------------------------------------------------------------
 

@@ -98,12 +98,14 @@ def test_an_enqueue_prepares_its_statement_again_after_the_session_lost_it(
     app: Celery, db: psycopg.Connection[Any], noop: Any
 ) -> None:
     first = noop.delay()
-    # The pool hands back the connection used last: the one the statement is prepared on.
-    with app.broker.pool.connection() as conn:
-        names = [r[0] for r in conn.execute("SELECT name FROM pg_prepared_statements")]
-        assert any(n.startswith("pgtasks_insert_task") for n in names), names
-        conn.execute("DEALLOCATE ALL")
+    # Single enqueues keep the connection they used last: the one the statement is prepared on.
+    conn = app.broker._hot
+    assert conn is not None
+    names = [r[0] for r in conn.execute("SELECT name FROM pg_prepared_statements")]
+    assert any(n.startswith("pgtasks_insert_task") for n in names), names
+    conn.execute("DEALLOCATE ALL")
     second = noop.delay()
+    assert app.broker._hot is conn
     assert task_row(db, first.id)["status"] == task_row(db, second.id)["status"] == "PENDING"
 
 

@@ -1,12 +1,17 @@
-"""The producer's pools serve the connection returned last: one caller keeps one backend."""
+"""The producer's pools serve the connection returned last: one caller keeps one backend.
+Single enqueues keep one connection out of the pool between calls."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
+import uuid
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from pgtasks import Celery
 from pgtasks.pools import AsyncLifoConnectionPool, LifoConnectionPool
@@ -98,3 +103,116 @@ def test_the_asyncio_producer_keeps_one_backend_too(app: Celery, backends: Any) 
     seen = backends()
     assert [task_id for task_id, _ in seen] == ids
     assert {pid for _, pid in seen} == {top}
+
+
+def _backends_of(db: psycopg.Connection[Any], tag: str) -> set[int]:
+    found = db.execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (tag,)
+    ).fetchall()
+    return {int(row[0]) for row in found}
+
+
+def test_single_enqueues_keep_one_connection_and_close_hands_it_back(
+    app: Celery, pg_dsn: str, db: psycopg.Connection[Any], backends: Any
+) -> None:
+    tag = f"pgtasks-test-{uuid.uuid4().hex[:10]}"
+    app.conf.broker_url = make_conninfo(pg_dsn, application_name=tag)
+
+    @app.task(name="pools.kept")
+    def kept() -> None:
+        return None
+
+    ids = [kept.delay().id for _ in range(5)]
+    seen = backends()
+    assert [task_id for task_id, _ in seen] == ids
+    assert len({pid for _, pid in seen}) == 1
+    pool = app.broker.pool
+    # Out of the pool while kept: a statement of another kind gets another connection.
+    with pool.connection() as other:
+        row = other.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        assert int(row[0]) != seen[0][1]
+    app.close()
+    wait_until(lambda: not _backends_of(db, tag), what="the app's connections to close")
+
+
+def test_a_kept_connection_is_handed_back_after_its_time(
+    app: Celery, backends: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @app.task(name="pools.turn")
+    def turn() -> None:
+        return None
+
+    broker = app.broker
+    turn.delay()
+    first = broker._hot
+    assert first is not None
+
+    def requests() -> int:
+        return int(broker.pool.get_stats().get("requests_num", 0))
+
+    asked = requests()
+    turn.delay()
+    assert requests() == asked  # kept: the pool was not asked
+    monkeypatch.setattr(broker, "HOT_FOR", 0.0)
+    turn.delay()
+    # Handed back to the pool and taken again from its top: the same connection, asked of
+    # (and checked by) the pool once more.
+    assert requests() == asked + 1
+    assert broker._hot is first
+    assert len(backends()) == 3
+
+
+def test_threads_enqueueing_at_once_write_every_row_once(
+    app: Celery, db: psycopg.Connection[Any]
+) -> None:
+    @app.task(name="pools.many")
+    def many(n: int) -> None:
+        return None
+
+    sent: list[str] = []
+    lock = threading.Lock()
+
+    def send(offset: int) -> None:
+        for n in range(offset, offset + 50):
+            task_id = many.delay(n).id
+            with lock:
+                sent.append(task_id)
+
+    threads = [threading.Thread(target=send, args=(k * 50,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    stored = db.execute("SELECT id FROM tasks WHERE name = 'pools.many'").fetchall()
+    assert sorted(row[0] for row in stored) == sorted(sent)
+    assert len(sent) == 200
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_enqueues_on_its_own_connection_and_leaves_the_parents(
+    app: Celery, backends: Any
+) -> None:
+    @app.task(name="pools.forked")
+    def forked() -> None:
+        return None
+
+    before = forked.delay().id
+    kept = app.broker._hot
+    assert kept is not None
+    pid = os.fork()
+    if pid == 0:  # the child: enqueue, then leave without running any cleanup of the parent's
+        code = 1
+        try:
+            forked.apply_async(task_id="from-the-child")
+            code = 0 if app.broker._hot is not kept else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    after = forked.delay().id
+    # The parent's connection still works, and is still the one it keeps.
+    assert app.broker._hot is kept
+    by_id = dict(backends())
+    assert set(by_id) == {before, "from-the-child", after}
+    assert by_id[before] == by_id[after] != by_id["from-the-child"]
