@@ -178,7 +178,11 @@ class Settings(BaseSettings):
         default=None, description="Data folder of the embedded PostgreSQL."
     )
     pool_min_size: int = 1
-    pool_max_size: int = 10
+    pool_max_size: int = Field(
+        default=10,
+        description="Connections of a process's pool. Above one, single enqueues keep the "
+        "connection they used last out of the pool between calls (handed back every 30 s).",
+    )
     connect_timeout: float = Field(
         default=10.0, gt=0, description="Seconds to wait for a database connection."
     )
