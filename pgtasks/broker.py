@@ -746,15 +746,12 @@ class Broker:
                 ):
                     try:
                         c = used = self._take_hot(pool)
-                        done = False
                         try:
-                            found = run(c)
-                            done = True
-                            return found
-                        finally:
-                            if not done:
-                                # The pool looks at it: kept, reset, or replaced if broken.
-                                self._drop_hot()
+                            return run(c)
+                        except BaseException:
+                            # The pool looks at it: kept, reset, or replaced if broken.
+                            self._drop_hot()
+                            raise
                     finally:
                         self._hot_lock.release()
                 c = used = pool.getconn(timeout=self.connect_timeout)
