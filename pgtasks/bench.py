@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
@@ -755,7 +755,7 @@ def _maintenance(report: dict[str, Any]) -> str:
     ]
     if not parts:
         return ""
-    return f"; {' and '.join(parts)} finished during it (by window in --json)"
+    return f"; {' and '.join(parts)} finished during it (by window in the report)"
 
 
 def _vacuum_verdict(report: dict[str, Any]) -> str:
@@ -1028,14 +1028,46 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
+#: The columns of a load phase's window table: heading, and the cell of one window.
+_WINDOW_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
+    ("AT", lambda w: f"{w['at_s']:.0f} s"),
+    ("SENT/S", lambda w: f"{w['sent_per_second']:,.0f}"),
+    ("FINISHED/S", lambda w: f"{w['finished_per_second']:,.0f}"),
+    ("P50 MS", lambda w: "-" if w["p50_ms"] is None else f"{w['p50_ms']:.1f}"),
+    ("P99 MS", lambda w: "-" if w["p99_ms"] is None else f"{w['p99_ms']:.1f}"),
+    ("WAITING", lambda w: f"{w['unfinished']:,}"),
+    ("TABLES MB", lambda w: f"{w['tasks_mb'] + w['results_mb'] + w['attempts_mb']:,.0f}"),
+    ("VACUUMS", lambda w: str(w["vacuums"])),
+    ("CHECKPOINTS", lambda w: str(w["checkpoints"])),
+)
+
+
+def window_table(label: str, windows: Sequence[dict[str, Any]]) -> list[str]:
+    """A load phase's windows as a table: what was sent and finished a second, the latency
+    from send to start of the tasks finished in each, what was waiting at its end, the size
+    of the tables with their indexes, and the vacuums and checkpoints that finished in it."""
+    rows = [[head for head, _ in _WINDOW_COLUMNS]]
+    rows += [[cell(w) for _, cell in _WINDOW_COLUMNS] for w in windows]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(_WINDOW_COLUMNS))]
+    return [f"{label}, every {WINDOW:g} s:"] + [
+        "  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True))
+        for row in rows
+    ]
+
+
 def format_report(report: dict[str, Any]) -> str:
-    """The summary table and the setup it was measured on."""
+    """The summary table, the windows of the load phases, and the setup it was measured on."""
     rows = [("PHASE", "VALUE", "UNIT"), *summary_rows(report)]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [
         f"{phase.ljust(widths[0])}  {value.rjust(widths[1])}  {unit}".rstrip()
         for phase, value, unit in rows
     ]
+    for key in ("capacity", "steady"):
+        windows = report["phases"].get(key, {}).get("windows")
+        if windows:
+            lines.append("")
+            lines.extend(window_table(key, windows))
     s = report["setup"]
     lines.append("")
     lines.append(

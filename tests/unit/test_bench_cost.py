@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -113,6 +114,58 @@ def test_the_summary_shows_the_commit_flush_of_an_enqueue() -> None:
     ]
 
 
+def _load_window(at: float, p99: float | None, vacuums: int = 0) -> dict[str, Any]:
+    return {
+        "at_s": at,
+        "sent_per_second": 9013.0,
+        "finished_per_second": 8990.4,
+        "p50_ms": None if p99 is None else 12.34,
+        "p99_ms": p99,
+        "unfinished": 1250,
+        "tasks_mb": 700.4,
+        "results_mb": 200.3,
+        "attempts_mb": 210.0,
+        "vacuums": vacuums,
+        "checkpoints": 1 if vacuums else 0,
+    }
+
+
+def test_the_report_shows_a_load_phase_window_by_window() -> None:
+    steady = {
+        "offered_per_second": 9000.0,
+        "finished_per_second_second_half": 8990.0,
+        "unfinished_at_end": 1250,
+        "kept_up": True,
+        "p99_ms_first_half": 61.0,
+        "p99_ms_second_half": None,
+        "size_mb_max": 1111.0,
+        "windows": [_load_window(10.0, 61.04, vacuums=2), _load_window(20.03, None)],
+    }
+    setup = {"postgresql": "15", "pgtasks": "0.1", "workers": 2, "concurrency": 1}
+    setup |= {"pool": "threads", "tasks": 20000}
+    text = bench.format_report({"phases": {"steady": steady}, "setup": setup})
+    lines = text.splitlines()
+    at = lines.index("steady, every 10 s:")
+    assert lines[at + 1].split() == [
+        *("AT", "SENT/S", "FINISHED/S", "P50", "MS", "P99", "MS"),
+        *("WAITING", "TABLES", "MB", "VACUUMS", "CHECKPOINTS"),
+    ]
+    assert lines[at + 2].split() == [
+        *("10", "s", "9,013", "8,990", "12.3", "61.0", "1,250", "1,111", "2", "1"),
+    ]
+    # A window in which no task finished has no latency.
+    assert lines[at + 3].split() == [
+        *("20", "s", "9,013", "8,990", "-", "-", "1,250", "1,111", "0", "0"),
+    ]
+    # Columns line up: every row of the table is as wide as its heading row.
+    assert len({len(line) for line in lines[at + 1 : at + 4]}) == 1
+    # Phases without windows add no table.
+    plain = bench.format_report(
+        {"phases": {"burn_down": {"tasks_per_second": 1.0}}, "setup": setup}
+    )
+    assert "every 10 s" not in plain
+
+
 def test_latency_splits_into_the_delay_call_and_the_start_after_its_return() -> None:
     # Send-to-start latencies and the delay() calls of the same samples, in ms. A call longer
     # than its sample's latency (a task handed to an idle worker starts as its row commits,
@@ -188,8 +241,8 @@ def test_the_rate_suggested_after_falling_behind_is_80_percent_rounded_down(
 def test_a_load_phase_names_the_maintenance_that_finished_during_it() -> None:
     assert bench._maintenance({"vacuums": 0, "checkpoints": 0}) == ""
     assert bench._maintenance({"vacuums": 2, "checkpoints": 1}) == (
-        "; 2 vacuums and 1 checkpoint finished during it (by window in --json)"
+        "; 2 vacuums and 1 checkpoint finished during it (by window in the report)"
     )
     assert bench._maintenance({"vacuums": 1, "checkpoints": 0}) == (
-        "; 1 vacuum finished during it (by window in --json)"
+        "; 1 vacuum finished during it (by window in the report)"
     )
