@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
 Row = dict[str, Any]
 _T = TypeVar("_T")
+_Item = TypeVar("_Item")
 
 _FOREVER = datetime.max.replace(tzinfo=timezone.utc)
 #: The earliest time Python holds: what a row's '-infinity' (set by hand) reads as.
@@ -132,6 +133,25 @@ _ADAPTERS.register_loader("jsonb", _JsonLoader)
 
 # Headers as COPY sends them: compact json, like the json document of ``insert_tasks``.
 _HEADERS_JSON = one_shot(json.JSONEncoder(separators=(",", ":")))
+_QUOTE = json.encoder.encode_basestring_ascii
+
+
+def headers_json_maker(base: dict[str, Any]) -> Callable[[str, str], str] | None:
+    """For ``apply_many``'s rows: a function of ``(argsrepr, kwargsrepr)`` that writes what
+    ``_HEADERS_JSON`` writes for ``{**base, "argsrepr": ..., "kwargsrepr": ...}``, with
+    ``base`` encoded once; None where ``base`` already has either key or is not json."""
+    if "argsrepr" in base or "kwargsrepr" in base:
+        return None
+    try:
+        start = _HEADERS_JSON(base)[:-1] + ("," if base else "") + '"argsrepr":'
+    except (TypeError, ValueError):
+        return None
+    quote = _QUOTE
+
+    def headers(argsrepr: str, kwargsrepr: str) -> str:
+        return f'{start}{quote(argsrepr)},"kwargsrepr":{quote(kwargsrepr)}}}'
+
+    return headers
 
 
 # The attribute of a connection pgtasks opened that holds its cursors, one per row factory:
@@ -1022,14 +1042,50 @@ class Broker:
         database clock, read from ``msgs`` while the rows are sent: the server stores the
         first rows with COPY while the caller builds the next. Returns the messages. An error
         raised while they are built aborts the COPY, and nothing is stored."""
-        built: list[TaskMessage] = []
-        # One iterator, so that a fallback after a partial read takes up where the COPY stopped.
         source = iter(msgs)
+        with _storage_errors(None):
+            if self.copy_refused(conn):
+                built = list(source)
+                self._insert_json(built, conn)
+                return built
+            try:
+                return self._stream(source, copy_row, conn)
+            except CopyRefused as refused:
+                # Row-level security applies to this role: INSERT from now on (nothing was
+                # stored; what was built is sent again, then the rest).
+                built = [*cast(list[TaskMessage], refused.built), *source]
+                self._insert_json(built, conn)
+                return built
 
-        def rows() -> Iterator[TaskMessage]:
-            for msg in source:
-                built.append(msg)
-                yield msg
+    def enqueue_rows(
+        self, rows: Iterable[tuple[Any, ...]], conn: psycopg.Connection[Any] | None = None
+    ) -> list[tuple[Any, ...]]:
+        """``enqueue_stream`` for rows already in COPY's column order (see ``copy_row``), read
+        from ``rows`` while they are sent; returns them. Raises CopyRefused, having stored
+        nothing, where COPY may not load tasks (ask ``copy_refused`` first)."""
+        with _storage_errors(None):
+            return self._stream(iter(rows), None, conn)
+
+    def copy_refused(self, conn: psycopg.Connection[Any] | None = None) -> bool:
+        """Whether tasks must be inserted rather than loaded with COPY, as far as is known:
+        row-level security applies to this role (asked once per process, on the caller's
+        connection; on a pooled one, found out by the first COPY)."""
+        return self._copy_ok is False or (conn is not None and not self._copy_allowed(conn))
+
+    def _stream(
+        self,
+        source: Iterator[_Item],
+        to_row: Callable[[_Item], tuple[Any, ...]] | None,
+        conn: psycopg.Connection[Any] | None,
+    ) -> list[_Item]:
+        """COPY the rows of ``source`` (``to_row`` of each item, or the items themselves) as
+        they are read; returns the items. Raises CopyRefused with what was read."""
+        built: list[_Item] = []
+
+        def items() -> Iterator[_Item]:
+            for item in source:
+                built.append(item)
+                yield item
 
         tries = 0
 
@@ -1037,22 +1093,19 @@ class Broker:
             nonlocal tries
             tries += 1
             # Sent again on another connection (see _pooled): what was built, then the rest.
-            self._copy_tasks(c, rows() if tries == 1 else itertools.chain(list(built), rows()))
+            todo = items() if tries == 1 else itertools.chain(list(built), items())
+            rows = cast(Iterator[tuple[Any, ...]], todo) if to_row is None else map(to_row, todo)
+            self._copy_tasks(c, rows)
 
-        with _storage_errors(None):
-            if self._copy_ok is False or (conn is not None and not self._copy_allowed(conn)):
-                built.extend(source)
-                self._insert_json(built, conn)
-            elif conn is not None:
-                copy(conn)
-            else:
-                try:
-                    self._pooled(copy, "insert_tasks")
-                except errors.FeatureNotSupported:
-                    # Row-level security applies to this role: INSERT from now on.
-                    self._copy_ok = False
-                    built.extend(source)
-                    self._insert_json(built, conn)
+        if conn is not None:
+            # Asked before (copy_refused): a refusal here is the caller's transaction's error.
+            copy(conn)
+            return built
+        try:
+            self._pooled(copy, "insert_tasks")
+        except errors.FeatureNotSupported:
+            self._copy_ok = False
+            raise CopyRefused(built) from None
         return built
 
     def _enqueue_some_unique(
@@ -1090,28 +1143,12 @@ class Broker:
             self._copy_ok = not (found and found[0]["active"])
         return self._copy_ok
 
-    def _copy_tasks(self, conn: psycopg.Connection[Any], msgs: Iterable[TaskMessage]) -> None:
+    def _copy_tasks(self, conn: psycopg.Connection[Any], rows: Iterable[tuple[Any, ...]]) -> None:
         """COPY the rows in (a transaction of its own on an autocommit connection)."""
-        dumps = _HEADERS_JSON
         with conn.cursor() as cur, cur.copy(self._copy_statement) as copy:
             write = copy.write_row
-            for m in msgs:
-                write(
-                    (
-                        m.id,
-                        m.name,
-                        m.queue,
-                        m.priority,
-                        "now" if m.eta is None else m.eta,
-                        m.expires_at,
-                        m.body.content_type,
-                        m.body.content_encoding,
-                        m.body.json_text,
-                        m.body.raw,
-                        dumps(m.headers),
-                        m.max_retries,
-                    )
-                )
+            for row in rows:
+                write(row)
 
     # -- periodic tasks ----------------------------------------------------------------------
 
@@ -2043,6 +2080,34 @@ class Broker:
         row = self._one("bench_steady_window", {"since": since})
         assert row is not None
         return row
+
+
+class CopyRefused(Exception):
+    """COPY may not load tasks for this role (row-level security applies to it); nothing was
+    stored. ``built``: the items read before it was refused."""
+
+    def __init__(self, built: list[Any]) -> None:
+        super().__init__("COPY refused: row-level security applies to this role")
+        self.built = built
+
+
+def copy_row(msg: TaskMessage) -> tuple[Any, ...]:
+    """``msg`` as a row of Broker._copy_statement, its columns in that order."""
+    body = msg.body
+    return (
+        msg.id,
+        msg.name,
+        msg.queue,
+        msg.priority,
+        "now" if msg.eta is None else msg.eta,
+        msg.expires_at,
+        body.content_type,
+        body.content_encoding,
+        body.json_text,
+        body.raw,
+        _HEADERS_JSON(msg.headers),
+        msg.max_retries,
+    )
 
 
 def _json_row(msg: TaskMessage) -> dict[str, Any]:

@@ -124,6 +124,12 @@ def encoder(serializer: str) -> Callable[[Any], Encoded]:
     return functools.partial(_encode_with_kombu, serializer=serializer)
 
 
+def json_text_encoder(serializer: str) -> Callable[[Any], str] | None:
+    """The text ``encoder(serializer)`` encodes a value's bytes from (UTF-8), where it is
+    json by kombu's own codec; None for any other serializer."""
+    return _JSON_ENCODE if encoder(serializer) is _encode_json else None
+
+
 def _encode_json(value: Any) -> Encoded:
     """json while it is kombu's own codec, without going through kombu's registry."""
     if value is None:  # what most tasks return

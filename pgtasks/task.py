@@ -442,23 +442,42 @@ class Task(Generic[P, R]):
             and not isinstance(options.get("expires"), (int, float, timedelta))
             and not signals.before_task_publish.connected
         )
-        make = self.message_maker(**options)
+        if type(self).message_maker is Task.message_maker:
+            make, row = self._makers(**options)
+        else:  # a subclass's own messages: each goes through its maker
+            make, row = self.message_maker(**options), None
         bodies = []
         for call in calls:
             if len(call) == 2 and isinstance(call[1], dict) and isinstance(call[0], (list, tuple)):
                 bodies.append((call[0], call[1]))
             else:
                 bodies.append((tuple(call), {}))
+        from pgtasks.broker import CopyRefused
+
         conn = self._enqueue_conn(connection)
+        broker = self.app.broker
+        if (
+            stream
+            and row is not None
+            and not signals.after_task_publish.connected
+            and not broker.copy_refused(conn)
+        ):
+            # No message to hand to a signal: each call goes straight to its COPY row.
+            try:
+                rows = broker.enqueue_rows((row(a, k, None) for a, k in bodies), conn)
+            except CopyRefused:
+                pass  # row-level security applies: the messages below are inserted instead
+            else:
+                return [self.AsyncResult(r[0]) for r in rows]
         if stream:
-            msgs = self.app.broker.enqueue_stream((make(a, k, None) for a, k in bodies), conn)
+            msgs = broker.enqueue_stream((make(a, k, None) for a, k in bodies), conn)
             holders = [msg.id for msg in msgs]
         else:
             msgs = [make(args, kwargs, None) for args, kwargs in bodies]
             if signals.before_task_publish.connected:
                 for msg, (args, kwargs) in zip(msgs, bodies, strict=True):
                     signals.send_before_publish(msg, args, kwargs)
-            holders = self.app.broker.enqueue_many(msgs, conn=conn)
+            holders = broker.enqueue_many(msgs, conn=conn)
         if signals.after_task_publish.connected:
             for msg, (args, kwargs), holder in zip(msgs, bodies, holders, strict=True):
                 if holder == msg.id:
@@ -528,6 +547,42 @@ class Task(Generic[P, R]):
     ) -> Callable[[Sequence[Any] | None, dict[str, Any] | None, str | None], TaskMessage]:
         """Check the calling options once; the function returned builds the row of one call
         ``(args, kwargs, task_id)`` with them (``apply_many`` calls it for every item)."""
+        return self._makers(
+            countdown=countdown,
+            eta=eta,
+            expires=expires,
+            priority=priority,
+            queue=queue,
+            headers=headers,
+            serializer=serializer,
+            ignore_result=ignore_result,
+            max_retries=max_retries,
+            _settings=_settings,
+            **options,
+        )[0]
+
+    def _makers(
+        self,
+        *,
+        countdown: float | None = None,
+        eta: datetime | None = None,
+        expires: float | datetime | timedelta | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+        headers: dict[str, Any] | None = None,
+        serializer: str | None = None,
+        ignore_result: bool | None = None,
+        max_retries: int | None = None,
+        _settings: Settings | None = None,
+        **options: Any,
+    ) -> tuple[
+        Callable[[Sequence[Any] | None, dict[str, Any] | None, str | None], TaskMessage],
+        Callable[[Sequence[Any], dict[str, Any], str | None], tuple[Any, ...]] | None,
+    ]:
+        """``message_maker``'s function, and one that builds the same call's row as COPY sends
+        it (``Broker.copy_row`` of the message) without the message, where the options allow
+        (json, no unique key, no concurrency limit, no time relative to the database clock, no
+        routing by the call); None where they do not."""
         from pgtasks.message import TaskMessage
 
         settings = _settings if _settings is not None else self.app.settings
@@ -656,7 +711,104 @@ class Task(Generic[P, R]):
                 return msg
             return self._unique(msg, unique_key, unique_on, held, args, kwargs)
 
-        return make
+        return make, self._row_maker(
+            make,
+            name=name,
+            queue=fixed_queue,
+            priority=priority,
+            eta=eta,
+            expires_at=expires_at,
+            max_retries=max_retries,
+            serializer=serializer,
+            max_payload=max_payload,
+            default_queue=default_queue,
+            base_headers=base_headers,
+            reprs=(argsrepr, kwargsrepr),
+            plain=limited is None
+            and unique_key is None
+            and unique_on is None
+            and countdown is None
+            and expires_in is None,
+        )
+
+    def _row_maker(
+        self,
+        make: Callable[[Sequence[Any] | None, dict[str, Any] | None, str | None], TaskMessage],
+        *,
+        name: str,
+        queue: str | None,
+        priority: int,
+        eta: datetime | None,
+        expires_at: datetime | None,
+        max_retries: int | None,
+        serializer: str,
+        max_payload: int,
+        default_queue: str,
+        base_headers: dict[str, Any],
+        reprs: tuple[Any, Any],
+        plain: bool,
+    ) -> Callable[[Sequence[Any], dict[str, Any], str | None], tuple[Any, ...]] | None:
+        """The row function of ``_makers``: each value ``make`` would put in the message, made
+        the same way but written straight into COPY's row (with the headers' json made from a
+        prefix encoded once). Where a call's payload does not encode or is too large, ``make``
+        raises its error."""
+        from pgtasks.broker import headers_json_maker
+        from pgtasks.serialization import JSON, json_text_encoder
+
+        text_of = json_text_encoder(serializer)
+        argsrepr, kwargsrepr = reprs
+        if (
+            not plain
+            or text_of is None
+            or not isinstance(argsrepr, (str, type(None)))
+            or not isinstance(kwargsrepr, (str, type(None)))
+        ):
+            return None
+        if queue is None:
+            # Routed by task_routes (which may look at the call): only the default queue here.
+            if type(self.app).route is not _app_route() or self.app.conf.get("task_routes"):
+                return None
+            queue = _check_queue(default_queue)
+        headers_of = headers_json_maker(base_headers)
+        if headers_of is None:
+            return None
+        run_at: Any = "now" if eta is None else eta
+        argsrepr_of, kwargsrepr_of = self._argsrepr, self._kwargsrepr
+
+        def row(
+            args: Sequence[Any], kwargs: dict[str, Any], task_id: str | None = None
+        ) -> tuple[Any, ...]:
+            args = tuple(args or ())
+            kwargs = dict(kwargs or {})
+            try:
+                text = text_of([list(args), kwargs])
+                size = len(text) if text.isascii() else len(text.encode("utf-8"))
+            except Exception:
+                size = -1
+            if size < 0 or size > max_payload:
+                from pgtasks.broker import copy_row
+
+                return copy_row(make(args, kwargs, task_id))  # raises the call's error
+            small = size <= REPR_MAX
+            return (
+                _check_text("task id", task_id) if task_id else new_id(),
+                name,
+                queue,
+                priority,
+                run_at,
+                expires_at,
+                JSON,
+                "utf-8",
+                text,
+                None,
+                headers_of(
+                    argsrepr if argsrepr is not None else argsrepr_of(args, small),
+                    kwargsrepr if kwargsrepr is not None else kwargsrepr_of(kwargs, small),
+                ),
+                max_retries,
+            )
+
+        return row
 
     def _concurrency(
         self, call_key: Any, call_limit: Any, queue_limits: dict[str, int]
@@ -1243,6 +1395,12 @@ def _aware(what: str, value: Any, zone: tzinfo) -> datetime:
         # As in Celery, a naive datetime is in the app's time zone (UTC unless configured).
         when = when.replace(tzinfo=zone)
     return when
+
+
+def _app_route() -> Any:
+    from pgtasks.app import Celery
+
+    return Celery.route
 
 
 def _check_queue(queue: Any) -> str:
