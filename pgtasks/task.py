@@ -752,6 +752,7 @@ class Task(Generic[P, R]):
         the same way but written straight into COPY's row (with the headers' json made from a
         prefix encoded once). Where a call's payload does not encode or is too large, ``make``
         raises its error."""
+        from pgtasks.app import Celery
         from pgtasks.broker import headers_json_maker
         from pgtasks.serialization import JSON, json_text_encoder
 
@@ -766,7 +767,7 @@ class Task(Generic[P, R]):
             return None
         if queue is None:
             # Routed by task_routes (which may look at the call): only the default queue here.
-            if type(self.app).route is not _app_route() or self.app.conf.get("task_routes"):
+            if type(self.app).route is not Celery.route or self.app.conf.get("task_routes"):
                 return None
             queue = _check_queue(default_queue)
         headers_of = headers_json_maker(base_headers)
@@ -1395,12 +1396,6 @@ def _aware(what: str, value: Any, zone: tzinfo) -> datetime:
         # As in Celery, a naive datetime is in the app's time zone (UTC unless configured).
         when = when.replace(tzinfo=zone)
     return when
-
-
-def _app_route() -> Any:
-    from pgtasks.app import Celery
-
-    return Celery.route
 
 
 def _check_queue(queue: Any) -> str:
