@@ -81,6 +81,8 @@ class Worker:
     #: many times prefetch_window, doubling with each full claim, back to one at the first
     #: claim that finds fewer rows than it asked for.
     PREFETCH_GROWTH = 4
+    #: How many recent run times the prefetch is sized by (their median; see _runtime).
+    RUNTIME_SAMPLES = 32
 
     def __init__(
         self,
@@ -144,6 +146,7 @@ class Worker:
         self.prefetch_window = s.prefetch_window
         self._prefetch_growth = 1
         self._runtime_ewma: float | None = None
+        self._runtimes: deque[float] = deque(maxlen=self.RUNTIME_SAMPLES)
         # Registered tasks with a rate limit (see _rate_intervals), for a registry of that size.
         self._rates: tuple[int, dict[str, float]] | None = None
         # How many due rows the next claim reads (0: as many as it claims); see _claim.
@@ -676,10 +679,24 @@ class Worker:
         limit = task.rate_limit if task.rate_limit is not None else self.settings.default_rate_limit
         return ratelimits.interval(limit)
 
+    def _runtime(self) -> float | None:
+        """A task's run time, as the prefetch is sized by: the median of the last
+        RUNTIME_SAMPLES, so that the few calls a hundred that wait milliseconds for a core or a
+        reply leave it as it is (through their average, each such call shrank the prefetch,
+        and the claim that refills it came too late to keep the slots busy); but never less
+        than an eighth of the running average, so that one long call shrinks it at once and a
+        worker whose tasks turn long does not hold hundreds of them."""
+        ewma = self._runtime_ewma
+        samples = self._runtimes
+        if ewma is None or not samples:
+            return ewma
+        median = sorted(samples)[len(samples) // 2]
+        return max(median, ewma / 8)
+
     def _adaptive_prefetch(self) -> int:
         """Rows to hold beyond the free slots: about prefetch_window seconds of work (up to
         PREFETCH_GROWTH times that through a backlog, see _claimed)."""
-        runtime = self._runtime_ewma
+        runtime = self._runtime()
         if runtime is None or self.prefetch_window <= 0:
             return 0
         window = self.prefetch_window * self._prefetch_growth
@@ -871,6 +888,7 @@ class Worker:
         """Called by the pool when a task finished: queue its final state."""
         previous = self._runtime_ewma
         self._runtime_ewma = o.runtime if previous is None else previous * 0.9 + o.runtime * 0.1
+        self._runtimes.append(o.runtime)
         with self._lock:
             entry = self._claim_of(o.id, o.attempt)
             if entry is not None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pgtasks import Celery
+from pgtasks.worker.execute import SUCCESS, Outcome
+from pgtasks.worker.pools import Pool
 from pgtasks.worker.worker import Worker
 
 
@@ -70,3 +72,30 @@ def test_the_window_grows_through_a_backlog_and_shrinks_when_a_claim_comes_back_
     assert w._adaptive_prefetch() == 50
     w._claimed(want=10, taken=10)
     assert w._adaptive_prefetch() == 100
+
+
+def _ran(w: Worker, runtime: float) -> None:
+    """A call of ``runtime`` seconds ends (one this worker no longer holds: only its run time
+    is taken)."""
+    if not hasattr(w, "pool"):
+        w.pool = Pool(w.app, w.concurrency)  # none started: nothing waits in it
+    w._done(Outcome("gone", 1, SUCCESS, 0.0, runtime))
+
+
+def test_a_few_slow_calls_leave_the_prefetch_as_it_was() -> None:
+    # Calls of 0.1 ms, with one in twenty waiting 2 ms for a core or a reply: sized by their
+    # average, the prefetch would shrink to a third, and refill too late to keep the slot busy.
+    w = worker(1)
+    for i in range(200):
+        _ran(w, 0.002 if i % 20 == 19 else 0.0001)
+    assert w._adaptive_prefetch() == 500
+    assert w._runtime_ewma is not None and w._runtime_ewma > 0.0001 * 2
+
+
+def test_one_long_call_shrinks_the_prefetch_at_once() -> None:
+    w = worker(1)
+    for _ in range(100):
+        _ran(w, 0.0001)
+    assert w._adaptive_prefetch() == 500
+    _ran(w, 1.0)  # the tasks turn long: hold no more than a few of them
+    assert w._adaptive_prefetch() <= 4
