@@ -14,14 +14,18 @@ import collections
 import contextlib
 import inspect
 import os
+import pickle
 import queue
+import selectors
 import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import fields
 from multiprocessing import connection as mpc
 from multiprocessing import get_context
-from typing import TYPE_CHECKING, Any
+from operator import attrgetter
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -481,6 +485,25 @@ class _Child:
         self.revoked: int | None = None
 
 
+# Jobs and outcomes cross a child's pipe as tuples of their fields, pickled by pickle itself: a
+# dataclass instance is pickled through copyreg and rebuilt attribute by attribute, and
+# Connection.send's ForkingPickler copies its table of reducers for every message. A job cost
+# 10 us to send and 8 to read that way, as a tuple 6.5 and 4.4.
+_job_fields = attrgetter(*(f.name for f in fields(Job)))
+_outcome_fields = attrgetter(*(f.name for f in fields(Outcome)))
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
+#: Sent to a child instead of a job: finish and exit.
+_STOP = b""
+
+
+def _send_job(conn: mpc.Connection, job: Job) -> None:
+    conn.send_bytes(pickle.dumps(_job_fields(job), _PROTOCOL))
+
+
+def _recv_outcome(conn: mpc.Connection) -> Outcome:
+    return Outcome(*pickle.loads(conn.recv_bytes()))
+
+
 def _child_main(app: Celery, conn: mpc.Connection) -> None:
     """A prefork child: run jobs from the pipe until told to stop or the parent goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -498,14 +521,14 @@ def _child_main(app: Celery, conn: mpc.Connection) -> None:
 def _run_jobs(app: Celery, conn: mpc.Connection) -> None:
     while True:
         try:
-            job = conn.recv()
+            data = conn.recv_bytes()
         except (EOFError, OSError):
             return
-        if job is None:
+        if data == _STOP:
             return
-        outcome = execute(app, job)
+        outcome = execute(app, Job(*pickle.loads(data)))
         try:
-            conn.send(outcome)
+            conn.send_bytes(pickle.dumps(_outcome_fields(outcome), _PROTOCOL))
         except (BrokenPipeError, OSError):
             return
 
@@ -569,7 +592,7 @@ class PreforkPool(_QueueAhead):
                 continue
             # On a broken pipe the reader sees the dead child and reports the job lost.
             with contextlib.suppress(BrokenPipeError, OSError):
-                child.conn.send(job)
+                _send_job(child.conn, job)
 
     def terminate(self, task_id: str, signum: int) -> bool:
         with self._lock:
@@ -599,30 +622,42 @@ class PreforkPool(_QueueAhead):
             done(outcome)
 
     def _read(self) -> None:
-        while not (self._stopping and self.busy() == 0):
-            with self._lock:
-                children = list(self._children)
-            waitables: dict[Any, tuple[str, _Child]] = {}
-            for c in children:
-                waitables[c.conn] = ("conn", c)
-                waitables[c.process.sentinel] = ("dead", c)
-            now = time.monotonic()
-            deadlines = [c.deadline for c in children if c.deadline is not None]
-            timeout = min([0.2, *(max(0.0, d - now) for d in deadlines)])
-            for ready in mpc.wait(list(waitables), timeout=timeout):
-                kind, child = waitables[ready]
-                if kind == "conn":
-                    try:
-                        outcome = child.conn.recv()
-                    except (EOFError, OSError):
-                        continue  # the sentinel reports the death
-                    retired = self._recycle(child)
-                    self._finish(child, outcome)
-                    if retired:
-                        self._retire(child)
-                else:
-                    self._replace(child)
-            self._enforce_hard_limits(children)
+        # One selector for as long as the children stay the same (multiprocessing's wait()
+        # builds and fills one on every call), made again when one is replaced.
+        selector: selectors.BaseSelector | None = None
+        watched: list[_Child] = []
+        try:
+            while not (self._stopping and self.busy() == 0):
+                with self._lock:
+                    children = list(self._children)
+                if selector is None or children != watched:
+                    if selector is not None:
+                        selector.close()
+                    selector = selectors.DefaultSelector()
+                    for c in children:
+                        selector.register(c.conn, selectors.EVENT_READ, ("conn", c))
+                        selector.register(c.process.sentinel, selectors.EVENT_READ, ("dead", c))
+                    watched = children
+                now = time.monotonic()
+                deadlines = [c.deadline for c in children if c.deadline is not None]
+                timeout = min([0.2, *(max(0.0, d - now) for d in deadlines)])
+                for key, _ in selector.select(timeout):
+                    kind, child = key.data
+                    if kind == "conn":
+                        try:
+                            outcome = _recv_outcome(child.conn)
+                        except (EOFError, OSError):
+                            continue  # the sentinel reports the death
+                        retired = self._recycle(child)
+                        self._finish(child, outcome)
+                        if retired:
+                            self._retire(child)
+                    else:
+                        self._replace(child)
+                self._enforce_hard_limits(children)
+        finally:
+            if selector is not None:
+                selector.close()
 
     def _enforce_hard_limits(self, children: list[_Child]) -> None:
         """Kill children running past their job's hard limit; ``_replace`` reports the job."""
@@ -658,7 +693,7 @@ class PreforkPool(_QueueAhead):
 
     def _retire(self, child: _Child) -> None:
         with contextlib.suppress(BrokenPipeError, OSError):
-            child.conn.send(None)
+            child.conn.send_bytes(_STOP)
         child.process.join(timeout=5)
         if child.process.is_alive():
             child.process.kill()
@@ -677,7 +712,7 @@ class PreforkPool(_QueueAhead):
         try:
             # An outcome sent just before the child exited is still in the pipe.
             if child.job is not None and child.conn.poll(0):
-                self._finish(child, child.conn.recv())
+                self._finish(child, _recv_outcome(child.conn))
         except (EOFError, OSError):
             pass
         job = child.job
@@ -736,7 +771,7 @@ class PreforkPool(_QueueAhead):
         for c in children:
             try:
                 if wait:
-                    c.conn.send(None)
+                    c.conn.send_bytes(_STOP)
                 else:
                     c.process.kill()
             except (BrokenPipeError, OSError):

@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import signal
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime, timezone
+from multiprocessing import Pipe
 from typing import Any
 
 import pytest
 
 from pgtasks import Celery
+from pgtasks.serialization import encode
 from pgtasks.worker.execute import LOST, SUCCESS, Job, Outcome
-from pgtasks.worker.pools import PreforkPool, ThreadPool
+from pgtasks.worker.pools import PreforkPool, ThreadPool, _outcome_fields, _recv_outcome, _send_job
 
 
 def job(name: str, i: int, *args: Any) -> Job:
@@ -154,3 +158,44 @@ def test_a_job_refused_as_it_starts_never_runs(kind: type[ThreadPool | PreforkPo
         assert pool.busy() == 0 and pool.waiting() == 0
     finally:
         pool.stop(wait=True)
+
+
+def test_jobs_and_outcomes_cross_the_pipe_whole() -> None:
+    # Every field, as the child and the parent rebuild them from the pipe's bytes.
+    sent = Job(
+        id="job-x",
+        name="pool.pid",
+        attempt=3,
+        retries=2,
+        max_retries=5,
+        args=(1, "two", [3.0]),
+        kwargs={"k": {"nested": None}},
+        queue="q",
+        headers={"parent_id": "p", "timelimit": [10, 5]},
+        eta=datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc),
+        expires=None,
+        hostname="host",
+        store_result=False,
+        result_serializer="json",
+        time_limit=10.0,
+        soft_time_limit=5.0,
+    )
+    outcome = Outcome(
+        "job-x",
+        3,
+        SUCCESS,
+        1.5,
+        0.25,
+        result=encode({"a": 1}, "json"),
+        retry_when=datetime(2026, 1, 2, tzinfo=timezone.utc),
+        extra={"followups": [{"id": "f"}]},
+    )
+    parent, child = Pipe(duplex=True)
+    try:
+        _send_job(parent, sent)
+        assert Job(*pickle.loads(child.recv_bytes())) == sent
+        child.send_bytes(pickle.dumps(_outcome_fields(outcome)))
+        assert _recv_outcome(parent) == outcome
+    finally:
+        parent.close()
+        child.close()
