@@ -684,14 +684,15 @@ class Worker:
         RUNTIME_SAMPLES, so that the few calls a hundred that wait milliseconds for a core or a
         reply leave it as it is (through their average, each such call shrank the prefetch,
         and the claim that refills it came too late to keep the slots busy); but never less
-        than an eighth of the running average, so that one long call shrinks it at once and a
-        worker whose tasks turn long does not hold hundreds of them."""
+        than a quarter of the running average, so that one long call shrinks it at once, and
+        where a few tasks in many run long, the rows held ahead never add up to more than
+        about four windows of work at their average run time."""
         ewma = self._runtime_ewma
         samples = self._runtimes
         if ewma is None or not samples:
             return ewma
         median = sorted(samples)[len(samples) // 2]
-        return max(median, ewma / 8)
+        return max(median, ewma / 4)
 
     def _adaptive_prefetch(self) -> int:
         """Rows to hold beyond the free slots: about prefetch_window seconds of work (up to

@@ -99,3 +99,12 @@ def test_one_long_call_shrinks_the_prefetch_at_once() -> None:
     assert w._adaptive_prefetch() == 500
     _ran(w, 1.0)  # the tasks turn long: hold no more than a few of them
     assert w._adaptive_prefetch() <= 4
+
+
+def test_a_few_long_tasks_among_short_ones_keep_the_prefetch_small() -> None:
+    # One task in ten runs a second: the median is the short ones', but the rows held ahead
+    # would then hold about a second of work each; the average keeps them to a few.
+    w = worker(1)
+    for i in range(100):
+        _ran(w, 1.0 if i % 10 == 9 else 0.0001)
+    assert w._adaptive_prefetch() <= 2
