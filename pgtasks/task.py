@@ -531,35 +531,12 @@ class Task(Generic[P, R]):
         return make
 
     def message_maker(
-        self,
-        *,
-        countdown: float | None = None,
-        eta: datetime | None = None,
-        expires: float | datetime | timedelta | None = None,
-        priority: int | None = None,
-        queue: str | None = None,
-        headers: dict[str, Any] | None = None,
-        serializer: str | None = None,
-        ignore_result: bool | None = None,
-        max_retries: int | None = None,
-        _settings: Settings | None = None,
-        **options: Any,
+        self, **options: Any
     ) -> Callable[[Sequence[Any] | None, dict[str, Any] | None, str | None], TaskMessage]:
-        """Check the calling options once; the function returned builds the row of one call
-        ``(args, kwargs, task_id)`` with them (``apply_many`` calls it for every item)."""
-        return self._makers(
-            countdown=countdown,
-            eta=eta,
-            expires=expires,
-            priority=priority,
-            queue=queue,
-            headers=headers,
-            serializer=serializer,
-            ignore_result=ignore_result,
-            max_retries=max_retries,
-            _settings=_settings,
-            **options,
-        )[0]
+        """Check the calling options once (those of ``apply_async``, see ``_makers``); the
+        function returned builds the row of one call ``(args, kwargs, task_id)`` with them
+        (``apply_many`` calls it for every item)."""
+        return self._makers(**options)[0]
 
     def _makers(
         self,
