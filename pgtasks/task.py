@@ -1190,6 +1190,12 @@ def terminate_coroutine(task_id: str) -> bool:
     return True
 
 
+def terminate_when_running(task_id: str) -> None:
+    """On the pool's loop: the call ``task_id`` was handed to the loop but its coroutine has
+    not begun; ``running_on_loop`` cancels it as it begins (a terminate that came in between)."""
+    _terminate_pending.add(task_id)
+
+
 def _cancel_if_running(task_id: str, task: asyncio.Task[Any]) -> None:
     """On the loop: cancel ``task`` if it still runs the call ``task_id``. The asyncio pool
     runs one call after another in the same task, so by now it may have gone on to the next."""
@@ -1219,6 +1225,12 @@ def running_on_loop(task_id: str, soft_time_limit: float | None) -> Iterator[Cal
     assert current is not None
     _terminated.discard(task_id)
     _on_the_loop[task_id] = (loop, current)
+    if task_id in _terminate_pending:
+        # Cancelled where it first awaits (as _cancel_if_running does for a running call): a
+        # call that ends without awaiting leaves no cancellation behind for the next one.
+        _terminate_pending.discard(task_id)
+        _terminated.add(task_id)
+        loop.call_soon(_cancel_if_running, task_id, current)
     timer = (
         loop.call_later(soft_time_limit, current.cancel, _SOFT_LIMIT) if soft_time_limit else None
     )
@@ -1230,6 +1242,7 @@ def running_on_loop(task_id: str, soft_time_limit: float | None) -> Iterator[Cal
         if _on_the_loop.get(task_id, (None, None))[1] is current:
             del _on_the_loop[task_id]
         _terminated.discard(task_id)
+        _terminate_pending.discard(task_id)
 
 
 def _on_loop(
@@ -1298,6 +1311,9 @@ def _on_loop(
 _SOFT_LIMIT = "pgtasks: soft time limit"
 #: The calls cancelled by revoke(terminate=True), until they end.
 _terminated: set[str] = set()
+#: Calls a terminate reached after they were handed to the loop and before their coroutine
+#: began (see terminate_when_running).
+_terminate_pending: set[str] = set()
 
 
 async def _driven(coro: Coroutine[Any, Any, _T]) -> _T:

@@ -304,6 +304,8 @@ class AsyncioPool(_QueueAhead):
         #: The asyncio tasks of the calls on the loop (the loop keeps only weak references).
         self._tasks: set[asyncio.Task[None]] = set()
         self._on_loop: dict[str, bool] = {}
+        #: Ids of the calls handed to the loop and not finished (read by terminate()).
+        self._loop_calls: set[str] = set()
         self._wake_pending = False
         # Threads for plain functions, started as needed (daemon threads, as on the threads
         # pool: a cold stop does not wait for them).
@@ -354,6 +356,7 @@ class AsyncioPool(_QueueAhead):
                 self._finished()
                 continue
             if self._runs_on_loop(job.name):
+                self._loop_calls.add(job.id)
                 self._tasks.add(self.loop.create_task(self._run_on_loop(job, done)))
             else:
                 self._to_thread(job, done)
@@ -380,6 +383,8 @@ class AsyncioPool(_QueueAhead):
                     raise
                 except BaseException as exc:  # execute_async() does not raise; a last guard
                     outcome = Outcome(job.id, job.attempt, LOST, time.time(), 0.0, error=repr(exc))
+                finally:
+                    self._loop_calls.discard(job.id)
                 if current is not None:
                     task_module.forget_cancels(current)
                 self._give()
@@ -406,6 +411,7 @@ class AsyncioPool(_QueueAhead):
             if self.on_start is not None and self.on_start(item[0]) is False:
                 self._give()
                 continue
+            self._loop_calls.add(item[0].id)
             return item
 
     def _to_thread(self, job: Job, done: Done) -> None:
@@ -447,10 +453,17 @@ class AsyncioPool(_QueueAhead):
     def terminate(self, task_id: str, signum: int) -> bool:
         """A coroutine can be stopped safely: it is cancelled where it awaits (whatever the
         signal). A plain function running in one of the threads cannot."""
-        if not task_module.terminate_coroutine(task_id):
+        if task_id not in self._loop_calls:
             return False
         log.warning("task.terminating", task_id=task_id, signal=signal.Signals(signum).name)
+        self.loop.call_soon_threadsafe(self._terminate_on_loop, task_id)
         return True
+
+    def _terminate_on_loop(self, task_id: str) -> None:
+        """On the loop: cancel the call, or, where it was handed to the loop but its coroutine
+        has yet to begin, have it cancelled as it begins."""
+        if task_id in self._loop_calls and not task_module.terminate_coroutine(task_id):
+            task_module.terminate_when_running(task_id)
 
     def stop(self, wait: bool) -> None:
         if wait:

@@ -54,9 +54,12 @@ class InFlight:
     """A claimed row this worker believes it owns, until its final state is written."""
 
     task: ClaimedTask
-    started: datetime | None = None
     lost: bool = False
     cancel_requested: bool = False
+    #: Handed to the pool's slot to run: a revoke from now on reaches the running call.
+    running: bool = False
+    #: Claimed past its expiry time: ends CANCELLED without running.
+    expired: bool = False
     #: The signal its process was stopped with (revoke(terminate=True), prefork).
     terminated: int | None = None
     # The outcome is queued for the completer, whose fenced write reports a lost lease itself.
@@ -734,22 +737,41 @@ class Worker:
 
     def _started(self, job: ex.Job) -> bool:
         """A pool is about to run ``job``: False when its lease was found lost while it waited
-        (another worker may run it already), and it is dropped instead."""
+        (another worker may run it already), or it was revoked while it waited (as Celery
+        discards a revoked task it has prefetched); it is dropped instead."""
         # Read without the lock: a lease found lost just after this only means the job runs
         # and its outcome is discarded, as for a job that was running already.
         entry = self._inflight.get(job.id)
-        if entry is not None and entry.lost and entry.task.attempt == job.attempt:
+        if entry is not None and entry.task.attempt == job.attempt:
+            if entry.lost:
+                with self._lock:
+                    if self._inflight.get(job.id) is entry:
+                        del self._inflight[job.id]
+                self.log.warning(
+                    "task.skipped",
+                    task_id=job.id,
+                    attempt=job.attempt,
+                    reason="its lease was lost before it started: another worker runs it",
+                )
+                self._wake.set()
+                return False
+            # Under the lock, as _flag_cancelled sets cancel_requested: a revoke either finds
+            # the call running (and _terminate stops it where the pool can) or is seen here.
             with self._lock:
-                if self._inflight.get(job.id) is entry:
-                    del self._inflight[job.id]
-            self.log.warning(
-                "task.skipped",
-                task_id=job.id,
-                attempt=job.attempt,
-                reason="its lease was lost before it started: another worker runs it",
-            )
-            self._wake.set()
-            return False
+                revoked = entry.cancel_requested
+                entry.running = not revoked
+            if revoked:
+                self.log.info(
+                    "task.discarded",
+                    task_id=job.id,
+                    task_name=job.name,
+                    attempt=job.attempt,
+                    reason="revoked before it started",
+                )
+                self._settle(
+                    self._failure(entry.task, Status.CANCELLED, "discarded before it started")
+                )
+                return False
         if self._debug:
             self._log_started(job)
         self.metrics.started(job.name, job.queue)
@@ -780,7 +802,7 @@ class Worker:
                 # Found twice: a claim's rows can be read by an adoption (after the listener
                 # reconnected) before the claim's own result is back, or the other way round.
                 return None
-            self._inflight[row.id] = InFlight(row)
+            entry = self._inflight[row.id] = InFlight(row)
         tlog = TaskLog(self.log, row, self._levels)
         tlog.debug("task.claimed")
         self.metrics.claimed(row.name, row.queue)
@@ -789,8 +811,9 @@ class Worker:
             return None
         if row.expired:
             tlog.info("task.expired", expires_at=str(row.expires_at))
+            # task_revoked (expired=True) is sent once the row is written CANCELLED: _written.
+            entry.expired = True
             self._settle(self._failure(row, Status.CANCELLED, "expired"))
-            task_signals.revoked(self.app, row, self.id, expired=True)
             return None
         task = self.app.tasks.get(row.name)
         if task is None:
@@ -1094,7 +1117,7 @@ class Worker:
             self.log.info("task.cancelled", task_id=item.id, task_name=entry.task.name)
             self.metrics.finished(entry.task.name, entry.task.queue, "revoked", 0.0)
             task_signals.revoked(
-                self.app, entry.task, self.id, expired=False, signum=entry.terminated
+                self.app, entry.task, self.id, expired=entry.expired, signum=entry.terminated
             )
 
     def _claim_of(self, task_id: str, attempt: int) -> InFlight | None:
@@ -1167,6 +1190,9 @@ class Worker:
         with self._lock:
             entry = self._inflight.get(task_id)
             if entry is not None:
+                if not entry.running:
+                    # Still waiting for its slot: _started discards it before it runs.
+                    return
                 entry.terminated = signum
         if not self.pool.terminate(task_id, signum):
             with self._lock:

@@ -284,3 +284,87 @@ def test_a_started_worker_listens_before_its_first_claim(app: Celery, worker_fac
     claims nothing (and says it is ready) only once its listener listens."""
     with worker_factory(lease=LONG_LEASE) as worker:
         assert worker._listening
+
+
+@pytest.mark.parametrize("pool", ["threads", "asyncio"])
+def test_a_call_revoked_while_it_waits_for_a_slot_never_runs(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: Any, pool: str
+) -> None:
+    """As Celery discards a revoked task it has prefetched: a claimed call revoked before its
+    slot frees up ends revoked without running (terminate=True or not)."""
+    from pgtasks import signals
+
+    release = threading.Event()
+    ran: list[str] = []
+
+    @app.task(name="cancel.blocker")
+    def blocker() -> str:
+        release.wait(20)
+        return "released"
+
+    @app.task(name="cancel.waiter")
+    def waiter(n: int) -> int:
+        ran.append(f"waiter {n}")
+        return n
+
+    revoked: list[Any] = []
+
+    def on_revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> None:
+        revoked.append((request.id if request is not None else None, kwargs.get("terminated")))
+
+    signals.task_revoked.connect(on_revoked)
+    try:
+        first = blocker.delay()
+        waiting = [waiter.delay(n) for n in range(2)]
+        # One slot, and room for the others to wait in the pool: the first claim takes all.
+        with worker_factory(pool=pool, concurrency=1, prefetch_multiplier=4, lease=LONG_LEASE):
+            wait_until(lambda: started(db, first.id), what="the first call to start")
+            wait_until(
+                lambda: all(started(db, r.id) for r in waiting), what="the others to be claimed"
+            )
+            waiting[0].revoke()
+            waiting[1].revoke(terminate=True)
+            time.sleep(0.3)  # the revokes reach the worker by NOTIFY while the slot is taken
+            release.set()
+            assert first.get(timeout=15) == "released"
+            for result in waiting:
+                wait_until(
+                    lambda r=result: status(db, r.id) == "CANCELLED", timeout=15, what="the end"
+                )
+    finally:
+        signals.task_revoked.disconnect(on_revoked)
+    assert ran == []
+    assert [r.state for r in waiting] == ["REVOKED", "REVOKED"]
+    for result in waiting:
+        ((attempt, _, outcome),) = attempts(db, result.id)
+        assert (attempt, outcome) == (1, "cancelled")
+        row = one(db, "SELECT error FROM tasks WHERE id = %s", (result.id,))
+        assert row["error"].endswith("; discarded before it started")
+    assert sorted(r[0] for r in revoked) == sorted(r.id for r in waiting)
+
+
+def test_a_terminate_that_arrives_before_its_coroutine_begins_cancels_it_where_it_awaits() -> None:
+    import asyncio
+
+    from pgtasks import task as task_module
+
+    async def calls() -> list[str]:
+        seen: list[str] = []
+        # The asyncio pool has handed "call-a" to the loop; the terminate comes before it begins.
+        task_module.terminate_when_running("call-a")
+        with task_module.running_on_loop("call-a", None) as terminated:
+            try:
+                await asyncio.sleep(5)
+                seen.append("a slept")
+            except asyncio.CancelledError:
+                seen.append(f"a cancelled, terminated={terminated()}")
+        # One that ends without awaiting leaves nothing behind for the next call.
+        task_module.terminate_when_running("call-b")
+        with task_module.running_on_loop("call-b", None):
+            seen.append("b ran")
+        with task_module.running_on_loop("call-c", None):
+            await asyncio.sleep(0.05)
+            seen.append("c slept")
+        return seen
+
+    assert asyncio.run(calls()) == ["a cancelled, terminated=True", "b ran", "c slept"]

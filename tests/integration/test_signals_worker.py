@@ -203,6 +203,8 @@ def test_unknown_expired_and_undecodable_rows_send_worker_signals(
     assert r["sender"] is late
     assert r["request"].id == expired.id
     assert (r["expired"], r["terminated"], r["signum"]) == (True, False, None)
+    # Once, as in Celery: the worker has stopped, so its write of the row has been reported.
+    assert len(revoked.calls) == 1
 
     assert j["sender"] is worker
     assert j["message"].id == bad_id
