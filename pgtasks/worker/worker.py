@@ -58,8 +58,6 @@ class InFlight:
     cancel_requested: bool = False
     #: Handed to the pool's slot to run: a revoke from now on reaches the running call.
     running: bool = False
-    #: Claimed past its expiry time: ends CANCELLED without running.
-    expired: bool = False
     #: The signal its process was stopped with (revoke(terminate=True), prefork).
     terminated: int | None = None
     # The outcome is queued for the completer, whose fenced write reports a lost lease itself.
@@ -802,7 +800,7 @@ class Worker:
                 # Found twice: a claim's rows can be read by an adoption (after the listener
                 # reconnected) before the claim's own result is back, or the other way round.
                 return None
-            entry = self._inflight[row.id] = InFlight(row)
+            self._inflight[row.id] = InFlight(row)
         tlog = TaskLog(self.log, row, self._levels)
         tlog.debug("task.claimed")
         self.metrics.claimed(row.name, row.queue)
@@ -812,7 +810,6 @@ class Worker:
         if row.expired:
             tlog.info("task.expired", expires_at=str(row.expires_at))
             # task_revoked (expired=True) is sent once the row is written CANCELLED: _written.
-            entry.expired = True
             self._settle(self._failure(row, Status.CANCELLED, "expired"))
             return None
         task = self.app.tasks.get(row.name)
@@ -1117,7 +1114,7 @@ class Worker:
             self.log.info("task.cancelled", task_id=item.id, task_name=entry.task.name)
             self.metrics.finished(entry.task.name, entry.task.queue, "revoked", 0.0)
             task_signals.revoked(
-                self.app, entry.task, self.id, expired=entry.expired, signum=entry.terminated
+                self.app, entry.task, self.id, expired=entry.task.expired, signum=entry.terminated
             )
 
     def _claim_of(self, task_id: str, attempt: int) -> InFlight | None:
