@@ -513,6 +513,16 @@ def _send_job(conn: mpc.Connection, job: Job) -> None:
     conn.send_bytes(pickle.dumps(_job_fields(job), _PROTOCOL))
 
 
+def _recv_job(conn: mpc.Connection) -> Job | None:
+    """The child's next job; None for a stop."""
+    data = conn.recv_bytes()
+    return None if data == _STOP else Job(*pickle.loads(data))
+
+
+def _send_outcome(conn: mpc.Connection, outcome: Outcome) -> None:
+    conn.send_bytes(pickle.dumps(_outcome_fields(outcome), _PROTOCOL))
+
+
 def _recv_outcome(conn: mpc.Connection) -> Outcome:
     return Outcome(*pickle.loads(conn.recv_bytes()))
 
@@ -534,14 +544,14 @@ def _child_main(app: Celery, conn: mpc.Connection) -> None:
 def _run_jobs(app: Celery, conn: mpc.Connection) -> None:
     while True:
         try:
-            data = conn.recv_bytes()
+            job = _recv_job(conn)
         except (EOFError, OSError):
             return
-        if data == _STOP:
+        if job is None:
             return
-        outcome = execute(app, Job(*pickle.loads(data)))
+        outcome = execute(app, job)
         try:
-            conn.send_bytes(pickle.dumps(_outcome_fields(outcome), _PROTOCOL))
+            _send_outcome(conn, outcome)
         except (BrokenPipeError, OSError):
             return
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import signal
 import threading
 import time
@@ -20,7 +19,15 @@ import pytest
 from pgtasks import Celery
 from pgtasks.serialization import encode
 from pgtasks.worker.execute import LOST, SUCCESS, Job, Outcome
-from pgtasks.worker.pools import PreforkPool, ThreadPool, _outcome_fields, _recv_outcome, _send_job
+from pgtasks.worker.pools import (
+    _STOP,
+    PreforkPool,
+    ThreadPool,
+    _recv_job,
+    _recv_outcome,
+    _send_job,
+    _send_outcome,
+)
 
 
 def job(name: str, i: int, *args: Any) -> Job:
@@ -193,9 +200,11 @@ def test_jobs_and_outcomes_cross_the_pipe_whole() -> None:
     parent, child = Pipe(duplex=True)
     try:
         _send_job(parent, sent)
-        assert Job(*pickle.loads(child.recv_bytes())) == sent
-        child.send_bytes(pickle.dumps(_outcome_fields(outcome)))
+        assert _recv_job(child) == sent
+        _send_outcome(child, outcome)
         assert _recv_outcome(parent) == outcome
+        parent.send_bytes(_STOP)
+        assert _recv_job(child) is None
     finally:
         parent.close()
         child.close()
