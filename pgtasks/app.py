@@ -25,6 +25,7 @@ from pgtasks.task import Task
 
 if TYPE_CHECKING:
     from pgtasks.aio import AsyncBroker
+    from pgtasks.canvas import Signature
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -378,6 +379,14 @@ class Celery:
     def registered(self) -> list[str]:
         self._bind_shared()
         return sorted(self.tasks)
+
+    def signature(self, *args: Any, **kwargs: Any) -> Signature:
+        """A signature of this app's (Celery's ``app.signature``): a task name, or a
+        signature's dict, with its arguments and options."""
+        from pgtasks.canvas import signature
+
+        kwargs["app"] = self
+        return signature(*args, **kwargs)
 
     def send_task(
         self,

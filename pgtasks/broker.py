@@ -12,7 +12,6 @@ import base64
 import hashlib
 import itertools
 import json
-import math
 import os
 import threading
 import time
@@ -24,6 +23,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 import psycopg
+import structlog
 from psycopg import abc, errors, generators, pq, sql
 from psycopg.abc import AdaptContext, Buffer
 from psycopg.adapt import AdaptersMap, Loader
@@ -57,6 +57,7 @@ _FOREVER = datetime.max.replace(tzinfo=timezone.utc)
 #: The earliest time Python holds: what a row's '-infinity' (set by hand) reads as.
 NEVER_BEFORE = datetime.min.replace(tzinfo=timezone.utc)
 _TIMESTAMPTZ = psycopg.postgres.types["timestamptz"].oid
+log = structlog.get_logger("pgtasks")
 
 #: Session settings of a worker's claim and outcome connections: each prepared statement runs
 #: one generic plan, made at its first executions, and that plan never reads the whole task
@@ -340,61 +341,25 @@ def handoff_channel(schema: str, worker: str) -> str:
     return f"pgtasks_h_{digest}"
 
 
-def _moment(epoch: float | None) -> datetime | None:
-    """A timestamp sent as epoch seconds (PostgreSQL's 'infinity' as the latest datetime)."""
-    if epoch is None:
-        return None
-    if epoch == math.inf:
-        return _FOREVER
-    return datetime.fromtimestamp(epoch, tz=timezone.utc)
+#: The most ids one hand-off notification may name, and the longest it may be: a worker reads
+#: nothing more of it (anyone who can connect can send one; see handed_ids).
+HANDOFF_MAX_IDS = 16
+HANDOFF_MAX_BYTES = 4096
 
 
-def handed_off(payload: str) -> tuple[ClaimedTask | None, str, str | None]:
-    """A hand-off notification (see ``insert_task``): the row, its id, and the worker it was
-    handed to; the row is None where the notification carried its id alone."""
-    fields = json.loads(payload)
-    if len(fields) == 1:
-        return None, str(fields[0]), None
-    (
-        task_id,
-        name,
-        queue,
-        priority,
-        attempt,
-        retries,
-        max_retries,
-        content_type,
-        content_encoding,
-        text,
-        raw,
-        headers,
-        run_at,
-        expires_at,
-        expired,
-        created_at,
-        requeued_attempt,
-        owner,
-    ) = fields
-    row = ClaimedTask(
-        id=task_id,
-        name=name,
-        queue=queue,
-        priority=priority,
-        attempt=attempt,
-        retries=retries,
-        max_retries=max_retries,
-        content_type=content_type,
-        content_encoding=content_encoding,
-        payload=text,
-        payload_raw=base64.b64decode(raw) if raw is not None else None,
-        headers=headers,
-        run_at=_moment(run_at) or NEVER_BEFORE,
-        expires_at=_moment(expires_at),
-        expired=bool(expired),
-        created_at=_moment(created_at) or NEVER_BEFORE,
-        requeued_attempt=requeued_attempt,
-    )
-    return row, row.id, owner
+def handed_ids(payload: str) -> list[str]:
+    """The task ids a hand-off notification names (see ``insert_task_handoff``): a JSON array
+    of strings. Anything else (too long, not an array of strings, too many) names nothing: a
+    notification is a hint to look, and the worker runs only rows it then claims itself."""
+    if len(payload) > HANDOFF_MAX_BYTES:
+        return []
+    try:
+        ids = json.loads(payload)
+    except ValueError:
+        return []
+    if not isinstance(ids, list) or len(ids) > HANDOFF_MAX_IDS:
+        return []
+    return [i for i in ids if isinstance(i, str) and i]
 
 
 def _text(value: str | None) -> str | None:
@@ -861,12 +826,19 @@ class Broker:
         return direct_rows(results, state.encoding)
 
     def _statuses(
-        self, name: str, params: dict[str, Any], conn: psycopg.Connection[Any] | None = None
+        self,
+        name: str,
+        params: dict[str, Any],
+        conn: psycopg.Connection[Any] | None = None,
+        sources: dict[str, str] | None = None,
     ) -> dict[str, str]:
         """id -> status from a fenced write returning ``id, status, limit_key, ...`` (as
-        tuples); rows blocked on the concurrency limits it freed are moved on."""
+        tuples); rows blocked on the concurrency limits it freed are moved on. With
+        ``sources``, the write returns each row's source fourth, and it is kept there."""
         rows: list[Any] = self._all(name, params, conn, row_factory=tuple_row)
         self.unblock([row[2] for row in rows], conn)
+        if sources is not None:
+            sources.update((row[0], row[3]) for row in rows)
         return {row[0]: row[1] for row in rows}
 
     def _one(
@@ -1345,8 +1317,10 @@ class Broker:
         items: Sequence[Success],
         conn: psycopg.Connection[Any] | None = None,
         keep: bool = True,
+        sources: dict[str, str] | None = None,
     ) -> dict[str, str]:
-        """Fenced successes; returns id -> new status for the rows this worker still owned.
+        """Fenced successes; returns id -> new status for the rows this worker still owned
+        (and fills ``sources``, when given, with their sources).
 
         ``keep=False`` (a worker whose finished_task_retention is 0) deletes each succeeded row,
         with its attempt history and effects, instead of keeping it COMPLETED for the pruner; a
@@ -1378,12 +1352,17 @@ class Broker:
             name if stored else f"{name}_unstored",
             {"worker": worker, "rows": json.dumps(outcomes, separators=(",", ":"))},
             conn,
+            sources,
         )
 
     def fail(
-        self, worker: str, items: Sequence[Failure], conn: psycopg.Connection[Any] | None = None
+        self,
+        worker: str,
+        items: Sequence[Failure],
+        conn: psycopg.Connection[Any] | None = None,
+        sources: dict[str, str] | None = None,
     ) -> dict[str, str]:
-        """Fenced terminal failures (FAILED, DEAD or CANCELLED)."""
+        """Fenced terminal failures (FAILED, DEAD or CANCELLED); ``sources`` as complete's."""
         now = time.time()
         return self._statuses(
             "fail_batch",
@@ -1400,6 +1379,7 @@ class Broker:
                 "started_ago": [_ago(i.started, now) for i in items],
             },
             conn,
+            sources,
         )
 
     def retry(
@@ -1468,7 +1448,7 @@ class Broker:
             rows = self._all(
                 "reclaim_expired", {"max_lost": max_lost, "limit": limit, "floor": floor}, conn
             )
-            hits = [r["chord"] for r in rows if r["chord"] and r["status"] != "PENDING"]
+            hits = [(r["chord"], r["id"]) for r in rows if r["chord"] and r["status"] != "PENDING"]
             if hits and chord_ready is not None:
                 self._count_chords(conn, Plan(chord_hits=hits), chord_ready)
             row = self._one("transaction_time", {}, conn)
@@ -1542,11 +1522,48 @@ class Broker:
         rows: list[Any] = self._all("adopt", params, row_factory=_CLAIMED_ROWS)
         return rows
 
-    def adopt_handed(self, worker: str, ids: Sequence[str]) -> list[ClaimedTask]:
-        """The rows ``ids`` handed to ``worker`` (by notifications that carried ids only)."""
-        params = {"worker": worker, "ids": list(ids)}
-        rows: list[Any] = self._all("adopt_handed", params, row_factory=_CLAIMED_ROWS)
-        return rows
+    def claim_handed(
+        self,
+        worker: str,
+        ids: Sequence[str],
+        queues: Sequence[str],
+        lease: float,
+        conn: psycopg.Connection[Any] | None = None,
+        rates: Mapping[str, float] | None = None,
+    ) -> list[ClaimedTask]:
+        """Claim the rows ``ids`` a hand-off named, as ``claim`` would claim them (PENDING,
+        due, of ``queues``, limits decided): the rows this worker now owns."""
+        params: dict[str, Any] = {
+            "worker": worker,
+            "ids": list(ids),
+            "queues": list(queues),
+            "limit": len(ids),
+            "scan": len(ids),
+            "lease": lease,
+            "rate_names": list(rates or ()),
+            "rate_every": list((rates or {}).values()),
+        }
+        rows: list[Any] = self._all("claim_handed", params, conn, row_factory=_CLAIMED_ROWS)
+        claimed = [row for row in rows if row.set_aside is None]
+        claimed.sort(key=_claim_order)
+        return claimed
+
+    def may_follow(self, task_id: str, name: str, queue: str, priority: int) -> bool:
+        """Whether the source of the row ``task_id`` may enqueue ``name`` to ``queue`` at
+        ``priority`` (see producer_rules); False when the row is gone."""
+        row = self._one(
+            "may_follow", {"id": task_id, "name": name, "queue": queue, "priority": priority}
+        )
+        return bool(row and row["allowed"])
+
+    def cancel_state(self, worker: str, task_id: str, attempt: int) -> tuple[bool, str | None]:
+        """Whether the row ``task_id`` that ``worker`` runs (at ``attempt``) was revoked, and
+        the signal the revoke asked to stop it with: what a worker acts on, whatever a
+        notification said."""
+        row = self._one("cancel_state", {"id": task_id, "worker": worker, "attempt": attempt})
+        if row is None:
+            return False, None
+        return bool(row["cancel_requested"]), row["signal"]
 
     # -- results and control -----------------------------------------------------------------
 
@@ -1696,7 +1713,11 @@ class Broker:
             with c.transaction():
                 self._write_plan(c, plan)
 
-    def _write_plan(self, conn: psycopg.Connection[Any], plan: Plan) -> None:
+    def _write_plan(
+        self, conn: psycopg.Connection[Any], plan: Plan, followups: bool = False
+    ) -> None:
+        """Write ``plan``; with ``followups``, as what outcomes triggered (see
+        _write_followups)."""
         if plan.chords:
             self._all(
                 "insert_chords",
@@ -1704,11 +1725,15 @@ class Broker:
                     "ids": [ch.id for ch in plan.chords],
                     "members": [Jsonb(list(ch.member_ids)) for ch in plan.chords],
                     "bodies": [Jsonb(ch.body) for ch in plan.chords],
+                    "sources": [plan.follows.get(ch.id) for ch in plan.chords],
                 },
                 conn,
             )
         if plan.messages:
-            self.enqueue_many(plan.messages, conn)
+            if followups:
+                self._write_followups(conn, plan)
+            else:
+                self.enqueue_many(plan.messages, conn)
         if plan.results:
             self._all(
                 "store_results",
@@ -1721,6 +1746,29 @@ class Broker:
                 },
                 conn,
             )
+
+    def _write_followups(self, conn: psycopg.Connection[Any], plan: Plan) -> None:
+        """The task rows outcomes triggered, each held to the rules of the source it follows
+        (``plan.follows``): one that source could not have enqueued itself is written
+        dead-lettered with the reason, and logged."""
+        rows = []
+        for msg in plan.messages:
+            row = _json_row(msg)
+            row["source"] = plan.follows.get(msg.id)
+            rows.append(row)
+        written = self._all(
+            "insert_followups", {"rows": json.dumps(rows, separators=(",", ":"))}, conn
+        )
+        for row in written:
+            if row["status"] == "DEAD":
+                log.error(
+                    "task.followup_refused",
+                    task_id=row["id"],
+                    task_name=row["name"],
+                    source=row["source"],
+                    hint="the producer it follows may not enqueue it (see pgtasks grants); "
+                    "it is dead-lettered, and an administrator may requeue it",
+                )
 
     def store_state(self, item: StoredResult) -> None:
         """Record a state a running task reports (``Task.update_state``)."""
@@ -1751,10 +1799,11 @@ class Broker:
         complete's.
         """
         with self.pool.connection(timeout=self.connect_timeout) as conn, conn.transaction():
+            sources: dict[str, str] = {}
             if items and isinstance(items[0], Success):
-                statuses = self.complete(worker, items, conn, keep)  # type: ignore[arg-type]
+                statuses = self.complete(worker, items, conn, keep, sources)  # type: ignore[arg-type]
             else:
-                statuses = self.fail(worker, items, conn)  # type: ignore[arg-type]
+                statuses = self.fail(worker, items, conn, sources)  # type: ignore[arg-type]
             plan = Plan()
             for item in items:
                 status = statuses.get(item.id)
@@ -1763,9 +1812,11 @@ class Broker:
                 follow = item.followups
                 chosen = follow.on_success if status == "COMPLETED" else follow.on_failure
                 if status != "CANCELLED" and chosen is not None:
-                    plan.extend(chosen)
+                    # What the row's links and chain trigger is held to the rules of the
+                    # row's own source.
+                    plan.extend(chosen, follows=sources[item.id])
                 if follow.chord:
-                    plan.chord_hits.append(follow.chord)
+                    plan.chord_hits.append((follow.chord, item.id))
             self._count_chords(conn, plan, chord_ready)
         return statuses
 
@@ -1781,17 +1832,21 @@ class Broker:
         # until nothing is left to count.
         while plan.chord_hits:
             hits, plan.chord_hits = plan.chord_hits, []
-            self._write_plan(conn, plan)
+            self._write_plan(conn, plan, followups=True)
             plan = Plan(chord_hits=plan.chord_hits)
-            fired = [
-                r for r in self._all("decrement_chords", {"ids": hits}, conn) if r["remaining"] == 0
-            ]
+            counted = self._all(
+                "decrement_chords",
+                {"chords": [chord for chord, _ in hits], "members": [m for _, m in hits]},
+                conn,
+            )
+            fired = [r for r in counted if r["remaining"] == 0]
             for row in fired:
                 members = self._all("chord_member_results", {"ids": row["member_ids"]}, conn)
-                plan.extend(chord_ready(row, members))
+                # A chord's body is held to the rules of the chord's own source.
+                plan.extend(chord_ready(row, members), follows=row["source"])
             if fired:
                 self._all("delete_chords", {"ids": [r["id"] for r in fired]}, conn)
-        self._write_plan(conn, plan)
+        self._write_plan(conn, plan, followups=True)
 
     def save_group(self, group_id: str, result_ids: Sequence[str]) -> None:
         """Store a group's member ids (GroupResult.save)."""
@@ -2222,7 +2277,12 @@ class StoredResult:
 
 
 #: What the hand-off insert can meet where the plain one would not fail (also pgtasks.aio's).
-NO_HANDOFF = (errors.UndefinedTable, errors.UndefinedColumn, errors.InsufficientPrivilege)
+NO_HANDOFF = (
+    errors.UndefinedTable,
+    errors.UndefinedColumn,
+    errors.UndefinedFunction,
+    errors.InsufficientPrivilege,
+)
 _INSERTS = (
     "insert_task",
     "insert_task_handoff",
@@ -2235,19 +2295,29 @@ _INSERTS = (
 @dataclass
 class Plan:
     """Rows a canvas operation writes together: chord counters, task rows, results, and the
-    chords whose counters must go down."""
+    chords whose counters must go down (chord id, member id)."""
 
     messages: list[TaskMessage] = field(default_factory=list)
     chords: list[ChordSpec] = field(default_factory=list)
     results: list[StoredResult] = field(default_factory=list)
-    chord_hits: list[str] = field(default_factory=list)
+    chord_hits: list[tuple[str, str]] = field(default_factory=list)
+    #: Where a worker writes what an outcome triggers: by message or chord id, the source of
+    #: the row or chord it follows, whose rules it is held to (see insert_followups).
+    follows: dict[str, str] = field(default_factory=dict)
 
-    def extend(self, other: Plan) -> None:
-        """Add everything ``other`` writes to this plan."""
+    def extend(self, other: Plan, follows: str | None = None) -> None:
+        """Add everything ``other`` writes to this plan; with ``follows``, its task rows and
+        chords follow a row or chord of that source."""
         self.messages.extend(other.messages)
         self.chords.extend(other.chords)
         self.results.extend(other.results)
         self.chord_hits.extend(other.chord_hits)
+        self.follows.update(other.follows)
+        if follows is not None:
+            for msg in other.messages:
+                self.follows.setdefault(msg.id, follows)
+            for chord in other.chords:
+                self.follows.setdefault(chord.id, follows)
 
     def __bool__(self) -> bool:
         return bool(self.messages or self.chords or self.results or self.chord_hits)

@@ -972,6 +972,15 @@ def _arity(task: Task[Any, Any]) -> int:
     return len(positional) - (1 if task.bind else 0)
 
 
+def _may_follow(app: Celery, job: Job, sig: Signature) -> bool:
+    """Whether the producer of ``job``'s row may enqueue ``sig`` (see producer_rules): an
+    errback the worker would call in its own process runs only then."""
+    probe = Planner(app, parent_id=job.id)
+    probe.add(sig, (job.id,))
+    msg = probe.plan.messages[0]
+    return app.broker.may_follow(job.id, msg.name, msg.queue, msg.priority)
+
+
 def after_failure(
     app: Celery, job: Job, request: Request, exc: BaseException, einfo: str, outcome: Outcome
 ) -> Outcome:
@@ -987,13 +996,15 @@ def after_failure(
         for errback in headers.get("link_error") or ():
             sig = maybe_signature(errback, app)
             task = app.tasks.get(sig.task)
-            if task is not None and _arity(task) > 1:
+            if task is not None and _arity(task) > 1 and _may_follow(app, job, sig):
                 # Celery calls a (request, exc, traceback) errback in the failing worker.
                 try:
                     sig(request, exc, einfo)
                 except Exception:
                     log.exception("canvas.errback_failed", task_id=job.id, errback=sig.task)
             else:
+                # Enqueued with the failure (and held there to the rules of the row's source,
+                # which dead-letters an errback its producer may not enqueue).
                 planner.add(sig, (job.id,))
         if outcome.result is not None:
             content_type, data = outcome.result.content_type, outcome.result.data
@@ -1007,7 +1018,7 @@ def after_failure(
                         StoredResult(final.id, states.FAILURE, content_type, data, einfo)
                     )
                 if final.options.get("chord"):
-                    planner.plan.chord_hits.append(str(final.options["chord"]))
+                    planner.plan.chord_hits.append((str(final.options["chord"]), final.id or ""))
     except Exception:
         log.exception("canvas.followup_failed", task_id=job.id, task_name=job.name)
     follow = Followups(on_failure=planner.plan, chord=headers.get("chord"))
@@ -1064,7 +1075,7 @@ def chord_body_builder(app: Celery) -> Callable[[Row, list[Row]], Plan]:
                 for errback in _as_list(final.options.get("link_error")):
                     planner.add(errback, (final.id,))
             if final.options.get("chord"):
-                planner.plan.chord_hits.append(str(final.options["chord"]))
+                planner.plan.chord_hits.append((str(final.options["chord"]), final.id or ""))
         return planner.plan
 
     return build

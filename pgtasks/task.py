@@ -862,6 +862,7 @@ class Task(Generic[P, R]):
         from pgtasks.message import Unique
 
         assert key is not None, "a unique call has its own key or the task's unique_on"
+        key = unique.held_key(self.name, key, unique_on)
         return dataclasses.replace(msg, unique=Unique(key, held.window, held.until_started))
 
     def _signature(self) -> inspect.Signature:

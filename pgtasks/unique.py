@@ -1,7 +1,8 @@
 """Unique tasks: a second enqueue with the same key returns the task that holds it.
 
 A key comes from the call (``apply_async(..., unique_key="invoice:42")``) or from the task's
-``unique_on`` (argument names, or a function of the arguments). How long a key is held is
+``unique_on`` (argument names, or a function of the arguments), and is held per task: the same
+key on two tasks names two keys. How long a key is held is
 ``unique_for``:
 
 * ``"finished"`` (the default): while its task waits or runs; a retry waiting for its
@@ -101,6 +102,16 @@ def check_unique_on(
             f"task {task_name!r}: {option} names {missing}, which are not arguments of "
             f"the task (it takes {list(params)})"
         )
+
+
+def held_key(task_name: str, key: str, unique_on: UniqueOn | None) -> str:
+    """The key as the database holds it: per task name (``name:key``), so that the same key on
+    two tasks names two keys, and a producer limited to some task names can hold keys of those
+    tasks only (see pgtasks.grants). Keys computed from argument names carry the name already
+    (see key_for)."""
+    if unique_on is not None and not callable(unique_on):
+        return key
+    return f"{task_name}:{key}"
 
 
 def key_for(

@@ -175,6 +175,20 @@ def migrate(ctx: click.Context, schema: str | None) -> None:
     metavar="NAMES",
     help="Producers may enqueue only these task names (comma-separated; proj.* allows a prefix).",
 )
+@click.option(
+    "--max-priority",
+    type=click.IntRange(0, 2**31 - 1),
+    default=255,
+    show_default=True,
+    help="Producers' tasks have a priority from 0 to this.",
+)
+@click.option(
+    "--max-payload-bytes",
+    type=click.IntRange(1),
+    default=10 * 1024 * 1024,
+    show_default=True,
+    help="Producers' tasks carry at most this many bytes of arguments (and of headers).",
+)
 @click.option("--schema", help="Schema name (default: the app's, or pgtasks).")
 @click.option("--dry-run", is_flag=True, help="Print the statements instead of running them.")
 @click.pass_context
@@ -186,21 +200,24 @@ def grants(
     admin: str | None,
     queues: str | None,
     task_names: str | None,
+    max_priority: int,
+    max_payload_bytes: int,
     schema: str | None,
     dry_run: bool,
 ) -> None:
     """Give existing database roles the rights of producers, workers and an admin.
 
     \b
-    producer  enqueue (optionally only to --queues and --tasks) and read
-              states and results; nothing else
+    producer  enqueue waiting tasks of its own (optionally only to --queues
+              and --tasks), and read those tasks and their results; nothing
+              else, not even through a link, chain or chord
     worker    claim, finish, retry, reclaim, enqueue follow-ups, run beat,
               prune finished rows; never purge, requeue or discard
     admin     owns the schema: migrate, purge, requeue, discard
 
-    Row-level security on the tasks table enforces the limits; once it is on,
-    a role given nothing here sees no task. Run as the schema's owner or a
-    superuser; run it again to change a role's queues or task names.
+    Row-level security enforces the limits; once it is on, a role given
+    nothing here sees no task. Run as the schema's owner or a superuser; run
+    it again after an upgrade, or to change a role's queues or task names.
 
     \b
     Examples:
@@ -220,6 +237,8 @@ def grants(
         admins=[admin] if admin else [],
         queues=_queues(queues),
         task_names=_queues(task_names),
+        max_priority=max_priority,
+        max_payload_bytes=max_payload_bytes,
     )
     if dry_run:
         for statement in grants_.statements(name, roles):

@@ -16,41 +16,30 @@ VALUES
 
 -- name: insert_task_handoff
 -- insert_task outside a caller's transaction: a task that can start now (due, not expired,
--- not rate-limited there) goes straight to a parked worker of its queue (see parked_workers
--- and hand_off): the row is written RUNNING for that worker, attempt 1 under its lease, and
--- the worker is sent the row by NOTIFY. No worker parked: the row is written PENDING, as
--- ever, at the cost of one look at an empty table. OFFSET 0 keeps "o" a subquery of its own,
--- so that hand_off runs once. A row left PENDING wakes a waiting worker itself (wake, which
--- notifies only while one waits), and "gated" keeps the trigger tasks_notify_insert off.
+-- not rate-limited there) is handed to a parked worker of its queue (see parked_workers and
+-- hand_off): the worker is told the row's id and claims that row at once, without waiting
+-- for its next poll or sharing the wake-up with every waiting worker. The row itself is
+-- PENDING like any other: the notification only tells the worker where to look. No worker
+-- parked: the row is written as ever, at the cost of one look at an empty table. A row not
+-- handed off wakes a waiting worker itself (wake, which notifies only while one waits), and
+-- "gated" keeps the trigger tasks_notify_insert off.
 -- Where %(early)s, a handed-off row commits without waiting for the WAL flush ("early"), so
 -- that its NOTIFY leaves, and the task starts, while the disk is still writing; the caller
--- then runs flush_commit before it returns (RETURNING says when), and the row is on disk by
+-- then runs flush_commit before it returns (handed_off says when), and the row is on disk by
 -- then all the same. A crash of the server in between can take back a row whose task has
 -- started: the caller's enqueue fails, and the worker's fenced write finds no row.
-INSERT INTO {schema}.tasks
-    (id, name, queue, priority, run_at, expires_at, content_type, content_encoding,
-     payload, payload_raw, headers, max_retries, status, attempt, claimed_by, lease_until)
-SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, o.run_at, o.expires_at,
-       %(content_type)s, %(content_encoding)s, %(payload)s::json, %(payload_raw)s::bytea,
-       %(headers)s::jsonb, %(max_retries)s,
-       CASE WHEN (o.w).worker IS NULL THEN 'PENDING' ELSE 'RUNNING' END,
-       CASE WHEN (o.w).worker IS NULL THEN 0 ELSE 1 END,
-       (o.w).worker, now() + make_interval(secs => (o.w).lease)
-  FROM (SELECT h.w, h.run_at, h.expires_at,
-               CASE WHEN (h.w).worker IS NULL AND h.run_at <= now()
-                    THEN {schema}.wake(%(queue)s::text) END AS woke,
-               set_config('pgtasks.gated', 'on', true) AS gated,
-               CASE WHEN %(early)s::bool AND (h.w).worker IS NOT NULL
-                    THEN set_config('synchronous_commit', 'off', true) END AS early
-          FROM (
+WITH o AS (
+    SELECT h.w, h.run_at, h.expires_at,
+           CASE WHEN h.w IS NULL AND h.run_at <= now()
+                THEN {schema}.wake(%(queue)s::text) END AS woke,
+           set_config('pgtasks.gated', 'on', true) AS gated,
+           CASE WHEN %(early)s::bool AND h.w IS NOT NULL
+                THEN set_config('synchronous_commit', 'off', true) END AS early
+      FROM (
         SELECT CASE WHEN v.run_at <= now() AND (v.expires_at IS NULL OR v.expires_at > now())
                      AND EXISTS (SELECT 1 FROM {schema}.parked_workers
                                   WHERE handoff AND until > now())
-                    THEN {schema}.hand_off(
-                             %(id)s::text, %(name)s::text, %(queue)s::text, %(priority)s::int,
-                             %(max_retries)s::int, %(content_type)s::text,
-                             %(content_encoding)s::text, %(payload)s::text,
-                             %(payload_raw)s::bytea, %(headers)s::jsonb, v.run_at, v.expires_at)
+                    THEN {schema}.hand_off(%(id)s::text, %(name)s::text, %(queue)s::text)
                END AS w,
                v.run_at, v.expires_at
           FROM (SELECT COALESCE(%(eta)s::timestamptz,
@@ -60,8 +49,17 @@ SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, o.run_at, o.expires_at,
                                 now() + make_interval(secs => %(expires_in)s::float8))
                          AS expires_at) AS v
         OFFSET 0) AS h
-        OFFSET 0) AS o
-RETURNING claimed_by IS NOT NULL AS handed_off
+), ins AS (
+    INSERT INTO {schema}.tasks
+        (id, name, queue, priority, run_at, expires_at, content_type, content_encoding,
+         payload, payload_raw, headers, max_retries)
+    SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, o.run_at, o.expires_at,
+           %(content_type)s, %(content_encoding)s, %(payload)s::json, %(payload_raw)s::bytea,
+           %(headers)s::jsonb, %(max_retries)s
+      FROM o
+    RETURNING 1
+)
+SELECT o.w IS NOT NULL AS handed_off FROM o, ins
 
 -- name: flush_commit
 -- Returns once the WAL written before it is on disk (and, under synchronous replication, on
@@ -173,6 +171,36 @@ SELECT i.id, i.name, i.queue, i.priority,
          expires_at timestamptz, expires_in float8, content_type text, content_encoding text,
          payload text, payload_raw text, headers jsonb, max_retries int)
 
+-- name: insert_followups
+-- Enqueue the tasks outcomes trigger (links, errbacks, a chain's next step, a chord's body):
+-- insert_tasks' rows, each with the source of the row or chord it follows (NULL: the worker's
+-- own). The worker writes them, but under that source's rules (see producer_rules): a task its
+-- producer could not have enqueued itself is written dead-lettered, never to run, with the
+-- reason, and the rest are written as usual.
+INSERT INTO {schema}.tasks
+    (id, name, queue, priority, run_at, expires_at, content_type, content_encoding,
+     payload, payload_raw, headers, max_retries, source, status, error)
+SELECT i.id, i.name, i.queue, i.priority,
+       COALESCE(i.eta, now() + make_interval(secs => COALESCE(i.countdown, 0))),
+       COALESCE(i.expires_at, now() + make_interval(secs => i.expires_in)),
+       i.content_type, i.content_encoding, i.payload::json, decode(i.payload_raw, 'base64'),
+       i.headers, i.max_retries, w.source,
+       CASE WHEN w.allowed THEN 'PENDING' ELSE 'DEAD' END,
+       CASE WHEN NOT w.allowed
+            THEN format('NotPermitted: %%s may not enqueue %%s to queue %%s with priority %%s'
+                        ' (this task follows one of its tasks)',
+                        w.source, i.name, i.queue, i.priority) END
+  FROM json_to_recordset(%(rows)s::json)
+    AS i(id text, name text, queue text, priority int, eta timestamptz, countdown float8,
+         expires_at timestamptz, expires_in float8, content_type text, content_encoding text,
+         payload text, payload_raw text, headers jsonb, max_retries int, source text)
+ CROSS JOIN LATERAL (
+        SELECT f.source, {schema}.may_enqueue(f.source, i.name, i.queue, i.priority) AS allowed
+          FROM (SELECT COALESCE(i.source, NULLIF(current_setting('pgtasks.source', true), ''),
+                                current_user::text) AS source) AS f
+       ) AS w
+RETURNING id, name, status, source
+
 -- name: claim_batch
 -- Claim up to %(limit)s due PENDING rows of the given queues in priority order, in one statement:
 -- lock with SKIP LOCKED, mark RUNNING under this worker's lease, bump the attempt (the fencing token).
@@ -216,6 +244,24 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, N
        NULL, NULL, 'LIMITED'
   FROM plain
  WHERE NOT ok
+
+-- name: claim_handed
+-- claim_batch for the rows a hand-off named (see insert_task_handoff): the same checks as any
+-- claim (PENDING, due, one of this worker's queues, limits decided), so that a notification,
+-- which any role that can connect may send, never makes a worker run what the table does not
+-- say it may. A row another worker claimed first is simply not found.
+WITH due AS (
+-- insert: due_columns
+      FROM (
+-- insert: due_row
+               AND id = ANY(%(ids)s::text[])
+               AND queue = ANY(%(queues)s::text[])
+               AND run_at <= now()
+             ORDER BY priority DESC, run_at, created_at
+             LIMIT %(scan)s
+               FOR UPDATE SKIP LOCKED
+           ) AS c
+-- insert: claim_limited
 
 -- name: claim_batch_from_floors
 -- claim_batch for a worker whose full claims have become slow (see pgtasks.worker.floors): the
@@ -360,7 +406,8 @@ WITH input AS (
       FROM input AS i
      WHERE t.id = ANY(%(ids)s::text[]) AND t.id = i.id AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
-    RETURNING t.id, t.attempt, t.status, t.error, {schema}.concurrency_key(t.headers) AS limit_key
+    RETURNING t.id, t.attempt, t.status, t.error, {schema}.concurrency_key(t.headers) AS limit_key,
+              t.source
 ), saved AS (
     INSERT INTO {schema}.results AS r (task_id, state, content_type, result, traceback, date_done)
     SELECT d.id, CASE d.status WHEN 'CANCELLED' THEN 'REVOKED' ELSE 'FAILURE' END,
@@ -377,7 +424,7 @@ WITH input AS (
       FROM done AS d JOIN input AS i USING (id)
 -- insert: give_counts_back
 )
-SELECT id, status, limit_key FROM done
+SELECT id, status, limit_key, source FROM done
 
 -- name: retry_batch
 -- Fenced retry: back to PENDING at the given time (eta, or now() + delay on the database clock),
@@ -571,8 +618,9 @@ WITH who AS (
            cancel_requested = true,
            -- Celery's message: AsyncResult.get() raises TaskRevokedError('revoked').
            error = CASE WHEN status = 'RUNNING' THEN error ELSE 'revoked' END,
+           -- Only this revoke's signal counts: one the row was enqueued with is dropped.
            headers = CASE WHEN jsonb_typeof(headers) = 'object'
-                          THEN headers || jsonb_strip_nulls(jsonb_build_object(
+                          THEN (headers - 'revoke_signal') || jsonb_strip_nulls(jsonb_build_object(
                                    'revoked_by', who.name,
                                    'revoke_signal', CASE WHEN status = 'RUNNING'
                                                          THEN %(signal)s::text END))
@@ -592,6 +640,24 @@ SELECT status,
 SELECT headers ->> 'revoke_signal' AS signal
   FROM {schema}.tasks
  WHERE id = %(id)s AND cancel_requested AND jsonb_typeof(headers) = 'object'
+
+-- name: may_follow
+-- Whether the source of a row may enqueue a task (see producer_rules): asked before a worker
+-- calls an errback in its own process rather than enqueueing it.
+SELECT {schema}.may_enqueue(t.source, %(name)s, %(queue)s, %(priority)s) AS allowed
+  FROM {schema}.tasks AS t
+ WHERE t.id = %(id)s
+
+-- name: cancel_state
+-- Whether the row a worker runs was revoked, and the signal a terminating revoke stored: what
+-- the worker acts on when a notification says a task was revoked (the notification itself is
+-- only a reason to look).
+SELECT cancel_requested,
+       CASE WHEN cancel_requested AND jsonb_typeof(headers) = 'object'
+            THEN headers ->> 'revoke_signal' END AS signal
+  FROM {schema}.tasks
+ WHERE id = %(id)s AND claimed_by = %(worker)s AND attempt = %(attempt)s
+   AND status = 'RUNNING'
 
 -- name: cancel_requested
 -- Whether a task was revoked (AbortableTask.is_aborted, Request.cancelled).
@@ -680,11 +746,6 @@ DELETE FROM {schema}.parked_workers AS p
 -- and as it stops.
 -- insert: adopted_row
  WHERE t.status = 'RUNNING' AND t.claimed_by = %(worker)s AND t.id <> ALL(%(known)s::text[])
-
--- name: adopt_handed
--- Rows handed off to this worker whose notification carried their ids only (too large).
--- insert: adopted_row
- WHERE t.id = ANY(%(ids)s::text[]) AND t.status = 'RUNNING' AND t.claimed_by = %(worker)s
 
 -- name: heartbeat_worker
 -- Mark a worker alive.
@@ -849,17 +910,36 @@ SELECT a.worker, COALESCE(t.name, '?') AS name, count(*) AS n
 -- Canvas: chords, saved group results, children. -------------------------------------------
 
 -- name: insert_chords
--- Create chord counters (one per chord), before or with their header members' rows.
-INSERT INTO {schema}.chords (id, member_ids, remaining, body)
+-- Create chord counters (one per chord), before or with their header members' rows; a chord
+-- a worker creates as a follow-up carries the source of the row it follows (NULL: the
+-- caller's own), whose rules its body is held to.
+INSERT INTO {schema}.chords (id, member_ids, remaining, body, source)
 SELECT c.id, ARRAY(SELECT jsonb_array_elements_text(c.members)),
-       jsonb_array_length(c.members), c.body
-  FROM unnest(%(ids)s::text[], %(members)s::jsonb[], %(bodies)s::jsonb[]) AS c(id, members, body)
+       jsonb_array_length(c.members), c.body,
+       COALESCE(c.source, NULLIF(current_setting('pgtasks.source', true), ''),
+                current_user::text)
+  FROM unnest(%(ids)s::text[], %(members)s::jsonb[], %(bodies)s::jsonb[], %(sources)s::text[])
+    AS c(id, members, body, source)
 
 -- name: decrement_chords
--- Count finished header members (an id appears once per member); RETURNING the counters after
--- the update, so the transaction that brings one to zero knows it must enqueue the body.
-WITH hits AS (
-    SELECT id, count(*)::int AS n FROM unnest(%(ids)s::text[]) AS h(id) GROUP BY id
+-- Count finished header members, one (chord, member) pair for each member that ended, and only
+-- members the chord names: a row's "chord" header is written by whoever enqueued it, and a
+-- task that is not a member counts for nothing. RETURNING the counters after the update, so
+-- the transaction that brings one to zero knows it must enqueue the body (under the rules of
+-- the chord's source).
+WITH pairs AS (
+    SELECT h.chord, h.member
+      FROM unnest(%(chords)s::text[], %(members)s::text[]) AS h(chord, member)
+), named AS (
+    SELECT c.id, m.member
+      FROM {schema}.chords AS c
+     CROSS JOIN LATERAL unnest(c.member_ids) AS m(member)
+     WHERE c.id = ANY(ARRAY(SELECT chord FROM pairs))
+), hits AS (
+    SELECT p.chord AS id, count(*)::int AS n
+      FROM pairs AS p
+      JOIN named AS k ON k.id = p.chord AND k.member = p.member
+     GROUP BY p.chord
 ), locked AS (
     SELECT c.id FROM {schema}.chords AS c JOIN hits USING (id) ORDER BY c.id FOR UPDATE OF c
 )
@@ -867,7 +947,7 @@ UPDATE {schema}.chords AS c
    SET remaining = greatest(c.remaining - hits.n, 0)
   FROM hits, locked
  WHERE c.id = hits.id AND c.id = locked.id
-RETURNING c.id, c.remaining, c.member_ids, c.body
+RETURNING c.id, c.remaining, c.member_ids, c.body, c.source
 
 -- name: delete_chords
 -- Drop counters whose body has been enqueued (or whose error has been recorded).
@@ -1519,7 +1599,7 @@ WITH input AS (
      WHERE t.id = ANY(ARRAY(SELECT id FROM input)) AND t.id = i.id AND t.attempt = i.attempt
        AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE  -- see renew_leases
     RETURNING t.id, t.attempt, t.status, t.error, i.store, i.content_type, i.result,
-              i.started_at, i.state, {schema}.concurrency_key(t.headers) AS limit_key
+              i.started_at, i.state, {schema}.concurrency_key(t.headers) AS limit_key, t.source
 
 -- fragment: completion_drop
 -- The start of complete_batch_drop and complete_batch_drop_unstored: completion_done with a
@@ -1534,7 +1614,7 @@ WITH input AS (
        AND NOT t.cancel_requested
     RETURNING t.id, t.attempt, 'COMPLETED'::text AS status, NULL::text AS error, i.store,
               i.content_type, i.result, i.started_at, i.state,
-              {schema}.concurrency_key(t.headers) AS limit_key
+              {schema}.concurrency_key(t.headers) AS limit_key, t.source
 ), kept AS (
     UPDATE {schema}.tasks AS t
        SET status = 'CANCELLED',
@@ -1545,7 +1625,7 @@ WITH input AS (
        AND t.claimed_by = %(worker)s AND (t.status = 'RUNNING') IS TRUE
        AND t.cancel_requested
     RETURNING t.id, t.attempt, t.status, t.error, i.store, i.content_type, i.result,
-              i.started_at, i.state, {schema}.concurrency_key(t.headers) AS limit_key
+              i.started_at, i.state, {schema}.concurrency_key(t.headers) AS limit_key, t.source
 ), done AS (
     SELECT * FROM dropped
     UNION ALL
@@ -1566,7 +1646,7 @@ WITH input AS (
     DELETE FROM {schema}.effects WHERE task_id = ANY(ARRAY(SELECT id FROM dropped))
 -- insert: give_counts_back
 )
-SELECT id, status, limit_key FROM done
+SELECT id, status, limit_key, source FROM done
 
 -- fragment: completion_results
 -- The results part of complete_batch and complete_batch_drop, after "done": the results of the
@@ -1593,4 +1673,4 @@ SELECT id, status, limit_key FROM done
       FROM done AS d
 -- insert: give_counts_back
 )
-SELECT id, status, limit_key FROM done
+SELECT id, status, limit_key, source FROM done

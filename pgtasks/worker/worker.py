@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,7 @@ import structlog
 
 from pgtasks import migrate as migrations
 from pgtasks import ratelimits, signals, utils
-from pgtasks.broker import Failure, Release, RetryAt, Success, handed_off, handoff_channel
+from pgtasks.broker import Failure, Release, RetryAt, Success, handed_ids, handoff_channel
 from pgtasks.canvas import chord_body_builder, chord_member, register_builtins
 from pgtasks.exceptions import NotRegistered
 from pgtasks.maintenance import Maintenance, Pruner, Reclaimer
@@ -158,6 +159,8 @@ class Worker:
         self._inflight: dict[str, InFlight] = {}
         self._backpressure = False
         self._claim_conn: psycopg.Connection[Any] | None = None
+        # The claim connection is the loop's, and the listener's for the rows a hand-off names.
+        self._claim_lock = threading.Lock()
         self._floors = Floors()
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -411,32 +414,40 @@ class Worker:
                 continue
             self._wake.wait(self.poll_interval)
 
+    @contextlib.contextmanager
+    def _claiming(self) -> Iterator[psycopg.Connection[Any] | None]:
+        """The claim connection (see Broker.claim_connection), held for one claim; None where
+        the broker keeps no connections of its own (claims then take the pool's). A broken
+        connection is closed, and the next claim opens a new one."""
+        broker = self.app.broker
+        with self._claim_lock:
+            conn = None
+            if broker.own_connections:
+                conn = self._claim_conn
+                if conn is None or conn.closed:
+                    conn = self._claim_conn = broker.claim_connection()
+            try:
+                yield conn
+            except psycopg.OperationalError:
+                if conn is not None:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.close()
+                    self._claim_conn = None
+                raise
+
     def _claim(self, want: int) -> tuple[list[ClaimedTask], int]:
         """Claim up to ``want`` rows, on the worker's claim connection where there is one
         (see Broker.claim_connection); with how many the claim took, blocked ones included."""
         broker = self.app.broker
-        conn = None
-        if broker.own_connections:
-            conn = self._claim_conn
-            if conn is None or conn.closed:
-                conn = self._claim_conn = broker.claim_connection()
         floors = self._floors
         plan = floors.plan(self.queues)
-        started = time.perf_counter()
-        try:
-            rates = self._rate_intervals()
+        rates = self._rate_intervals()
+        with self._claiming() as conn:
+            started = time.perf_counter()
             rows = broker.claim_all(
                 self.id, self.queues, want, self.lease, conn, plan, rates, self._scan
             )
-        except psycopg.OperationalError:
-            if conn is None:
-                raise
-            # Broken: the next claim opens a new one (the loop backs off meanwhile).
-            with contextlib.suppress(psycopg.Error):
-                conn.close()
-            self._claim_conn = None
-            raise
-        elapsed = time.perf_counter() - started
+            elapsed = time.perf_counter() - started
         claimed = [row for row in rows if row.set_aside is None]
         waiting = [row for row in rows if row.set_aside == Status.PENDING] if rates else []
         # Rows waiting for a rate limit's start time: read further next time, so that a
@@ -521,30 +532,36 @@ class Worker:
         return True
 
     def _handed(self, payload: str, here: bool = False) -> RunHere | None:
-        """A task handed to this worker by an enqueue (on the listener's thread): start it.
-        With ``here``, a task that can start at once is returned instead, to run on that
-        thread."""
+        """A hand-off (on the listener's thread): an enqueue names a task it wrote for this
+        worker. The notification is only a hint, which any role that can connect could send:
+        the worker claims the rows it names in the database, as any claim does, and runs
+        what that claim gave it. With ``here``, a task that can start at once is returned
+        instead, to run on that thread."""
         run: RunHere | None = None
         self._handoffs += 1
-        # The hand-off took this worker's row.
+        # A hand-off takes this worker's row.
         self._parked = False
         self._waking_at = 0.0
         self._park_backoff = self._park_not_before = 0.0
-        try:
-            row, task_id, owner = handed_off(payload)
-            if row is None:
-                rows = self.app.broker.adopt_handed(self.id, [task_id])
-            elif owner != self.id:
-                self.log.warning("worker.handoff_ignored", task_id=task_id, owner=owner)
-                rows = []
-            else:
-                rows = [row]
-            run = self._take(rows, here)
-        except Exception as exc:
-            # The row stays RUNNING under this worker's lease until it runs out, then runs
-            # again elsewhere: late, never lost.
-            self.log.error("worker.loop_error", during="hand-off", error=str(exc))
-            self.metrics.loop_error("hand-off")
+        ids = handed_ids(payload)
+        if not ids:
+            self.log.warning("worker.handoff_ignored", reason="not a list of task ids")
+        elif not self._stopping.is_set():
+            try:
+                with self._claiming() as conn:
+                    rows = self.app.broker.claim_handed(
+                        self.id, ids, self.queues, self.lease, conn, self._rate_intervals()
+                    )
+                if len(rows) < len(ids) and self._debug:
+                    found = {row.id for row in rows}
+                    self.log.debug(
+                        "worker.handoff_not_claimed", tasks=[i for i in ids if i not in found]
+                    )
+                run = self._take(rows, here)
+            except Exception as exc:
+                # Nothing was claimed, or the rows' leases bring them back: late, never lost.
+                self.log.error("worker.loop_error", during="hand-off", error=str(exc))
+                self.metrics.loop_error("hand-off")
         if self.pool.free_slots() > 0:
             # Slots are still free: claim (and park again) for them. A worker whose slots
             # are all taken now claims when a task ends (see _done), not while this one
@@ -1163,9 +1180,30 @@ class Worker:
                 self._terminate(task_id, signal_name)
 
     def _notified_cancel(self, task_id: str, signal_name: str | None) -> None:
-        """The cancel channel says ``task_id`` was revoked (for whichever worker runs it)."""
-        if self._flag_cancelled(task_id, "notify") and signal_name:
-            self._terminate(task_id, signal_name)
+        """The cancel channel says ``task_id`` was revoked (for whichever worker runs it). A
+        notification is only a hint, which any role that can connect could send: the row
+        decides whether the task was revoked, and with which signal (``signal_name``, what
+        the notification says, is not used)."""
+        with self._lock:
+            entry = self._inflight.get(task_id)
+            if entry is None or entry.cancel_requested or entry.finishing:
+                return
+            attempt = entry.task.attempt
+        try:
+            revoked, stored = self.app.broker.cancel_state(self.id, task_id, attempt)
+        except psycopg.Error as exc:
+            # The next renewal reads the same row.
+            self.log.warning("worker.db_unavailable", during="cancel", error=str(exc).strip())
+            return
+        if not revoked:
+            self.log.warning(
+                "worker.cancel_ignored",
+                task_id=task_id,
+                reason="a notification said the task was revoked; its row does not",
+            )
+            return
+        if self._flag_cancelled(task_id, "notify") and stored:
+            self._terminate(task_id, stored)
 
     def _flag_cancelled(self, task_id: str, via: str) -> bool:
         """Mark a running task revoked; True the first time (it runs here, not finished)."""

@@ -241,9 +241,15 @@ def test_a_producer_role_hands_tasks_to_parked_workers(
     try:
         worker_app.broker.park("ghost", ["reports"], 30.0, 60.0)
         handed = producer.tasks["reports.build"].apply_async((1,), queue="reports")
-        assert one(db, "SELECT claimed_by FROM tasks WHERE id = %s", (handed.id,)) == {
-            "claimed_by": "ghost"
+        # The park is taken (by hand_off, which runs with its owner's rights), and the row
+        # is the producer's own waiting row, which the worker then claims.
+        assert one(db, "SELECT count(*) AS n FROM parked_workers")["n"] == 0
+        assert one(db, "SELECT status, source FROM tasks WHERE id = %s", (handed.id,)) == {
+            "status": "PENDING",
+            "source": roles.producer,
         }
+        (claimed,) = worker_app.broker.claim_handed("ghost", [handed.id], ["reports"], 30.0)
+        assert claimed.id == handed.id
         # It may wait for the WAL flush itself, so its hand-offs commit before the flush.
         assert producer.broker.early_ok is True
         # A producer granted its rights before the schema had the hand-off's table: its

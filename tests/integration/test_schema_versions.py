@@ -14,6 +14,7 @@ import contextlib
 import uuid
 from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import psycopg
 import pytest
@@ -325,7 +326,10 @@ def test_the_tasks_rebuild_keeps_rows_rights_policies_and_everything_attached(
         before = _table_facts(conn, bare_schema)
         assert _column_order(conn, bare_schema)[-1] == "unique_until_started"
 
-        assert [m.version for m in migrations.migrate(pg_dsn, bare_schema)] == [16]
+        # 0016 alone, as the pgtasks that shipped it would have run it.
+        shipped = [m for m in migrations.available() if m.version <= 16]
+        with mock.patch.object(migrations, "available", lambda: shipped):
+            assert [m.version for m in migrations.migrate(pg_dsn, bare_schema)] == [16]
 
         after = _table_facts(conn, bare_schema)
         for what, facts in before.items():

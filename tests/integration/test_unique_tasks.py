@@ -59,6 +59,10 @@ def test_a_held_key_returns_the_holder_and_writes_nothing(
     assert app.send_task("unique.work", (5,), unique_key="invoice:42").id == first.id
     assert work.s(6).set(unique_key="invoice:42").apply_async().id == first.id
     assert count_tasks(db) == 3
+    # Keys are held per task: the same key on another task is another key.
+    assert app.send_task("unique.other", (7,), unique_key="invoice:42").id != first.id
+    assert holders(db, "unique.work:invoice:42") == [first.id]
+    assert count_tasks(db) == 4
 
 
 def test_unique_on_names_arguments_and_a_function_may_compute_the_key(
@@ -91,7 +95,7 @@ def test_unique_on_names_arguments_and_a_function_may_compute_the_key(
 
     c = custom.delay(7, note="x")
     assert custom.delay(7).id == c.id
-    assert holders(db, "order:7") == [c.id]
+    assert holders(db, "unique.custom:order:7") == [c.id]  # keys are held per task
     # The function says None: that call is not unique.
     assert custom.delay(0).id != custom.delay(0).id
     # A call's own key wins over unique_on.
@@ -182,7 +186,10 @@ def test_a_window_holds_the_key_whatever_the_task_does_then_lets_go(
     db.execute("UPDATE unique_keys SET held_until = now() - interval '1 second'")
     second = work.apply_async((3,), unique_key="w", unique_for=600)
     assert second.id != first.id
-    assert one(db, "SELECT task_id FROM unique_keys WHERE key = 'w'")["task_id"] == second.id
+    assert (
+        one(db, "SELECT task_id FROM unique_keys WHERE key = 'unique.work:w'")["task_id"]
+        == second.id
+    )
     # The pruner removes lapsed keys.
     db.execute("UPDATE unique_keys SET held_until = now() - interval '1 second'")
     app.broker.prune(3600.0, 3600.0)
@@ -214,7 +221,7 @@ def test_a_requeued_dead_letter_gives_up_a_key_a_newer_task_holds(
     assert new.id != old.id
     assert app.broker.requeue_dead(ids=[old.id]) == 1
     assert status(db, old.id) == "PENDING"
-    assert holders(db, "dl") == [new.id]
+    assert holders(db, "unique.work:dl") == [new.id]
 
 
 def test_a_worker_runs_a_unique_task_then_the_key_is_free(
@@ -306,7 +313,7 @@ def test_producers_racing_with_holders_that_finish_never_see_two_holders(
             while not stop.is_set():
                 done = conn.execute(
                     "UPDATE tasks SET status = 'COMPLETED', updated_at = clock_timestamp() "
-                    "WHERE unique_key = 'churn' AND status = 'PENDING' RETURNING id"
+                    "WHERE unique_key = 'unique.work:churn' AND status = 'PENDING' RETURNING id"
                 ).fetchall()
                 finished.extend(r[0] for r in done)
 
@@ -317,11 +324,15 @@ def test_producers_racing_with_holders_that_finish_never_see_two_holders(
     finally:
         stop.set()
         thread.join()
-    written = {r["id"] for r in rows(db, "SELECT id FROM tasks WHERE unique_key = 'churn'")}
+    written = {
+        r["id"] for r in rows(db, "SELECT id FROM tasks WHERE unique_key = 'unique.work:churn'")
+    }
     assert set(ids) <= written  # every id handed back names a task that was written
     assert len(written) > 1  # the key did change hands
     assert set(finished) <= written
     # At most one holder now, and every other one was finished before the next got in.
-    waiting = rows(db, "SELECT id FROM tasks WHERE unique_key = 'churn' AND status = 'PENDING'")
+    waiting = rows(
+        db, "SELECT id FROM tasks WHERE unique_key = 'unique.work:churn' AND status = 'PENDING'"
+    )
     assert len(waiting) <= 1
     assert len(written) - len(waiting) == len(set(finished))
