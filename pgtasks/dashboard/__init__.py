@@ -4,6 +4,6 @@ with a JSON API (install the ``dashboard`` extra: ``pip install 'pgtasks[dashboa
 from __future__ import annotations
 
 from pgtasks.dashboard.app import create_app
-from pgtasks.dashboard.security import UnsafeBind, check_bind
+from pgtasks.dashboard.security import UnsafeBind, WeakToken, check_bind, check_token
 
-__all__ = ["UnsafeBind", "check_bind", "create_app"]
+__all__ = ["UnsafeBind", "WeakToken", "check_bind", "check_token", "create_app"]

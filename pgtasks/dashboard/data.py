@@ -363,27 +363,136 @@ def enqueue(app: Celery, body: Any) -> str:
     return str(result.id)
 
 
-def selection(body: Any) -> tuple[list[str] | None, str | None, bool]:
-    """The dead letters a requeue or discard names: ``{"ids": [...]}`` or ``{"all": true}``
-    (``"task"`` narrows either)."""
+@dataclass(frozen=True)
+class Selection:
+    """The dead letters a requeue or discard of the JSON API names: the given ``ids`` (``task``
+    narrows them), or with ``ids`` None every one matching ``filter``, refused when more than
+    ``expect`` match (the count the caller saw)."""
+
+    ids: list[str] | None
+    filter: DeadFilter
+    expect: int | None = None
+
+
+def selection(body: Any) -> Selection:
+    """The dead letters a requeue or discard names: ``{"ids": [...]}``, or ``{"all": true}``
+    narrowed by ``"task"`` and ``"queue"``, with ``"expect": N`` to refuse when more than N
+    match (``"task"`` narrows ``"ids"`` too)."""
     if not isinstance(body, dict):
         raise BadRequest('expected a JSON object: {"ids": [...]} or {"all": true}')
-    unknown = sorted(set(body) - {"ids", "all", "task"})
+    unknown = sorted(set(body) - {"ids", "all", "task", "queue", "expect"})
     if unknown:
         raise BadRequest(f"unknown field(s): {', '.join(unknown)}")
     ids = body.get("ids")
     everything = body.get("all", False)
     task_name = body.get("task")
+    queue = body.get("queue")
+    expect = body.get("expect")
     if not isinstance(everything, bool):
         raise BadRequest('"all": expected true or false')
-    if task_name is not None and not isinstance(task_name, str):
+    if task_name is not None and (not isinstance(task_name, str) or not task_name.strip()):
         raise BadRequest('"task": expected a task name')
+    if queue is not None and (not isinstance(queue, str) or not queue.strip()):
+        raise BadRequest('"queue": expected a queue name')
+    if expect is not None and (
+        isinstance(expect, bool) or not isinstance(expect, int) or expect < 0
+    ):
+        raise BadRequest('"expect": expected the number of dead letters you saw (0 or more)')
+    found = DeadFilter.parse(task_name, queue)
     if ids is not None:
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
             raise BadRequest('"ids": expected a list of task ids')
         if everything:
             raise BadRequest('give "ids" or "all", not both')
-        return ids, task_name, False
+        if queue is not None or expect is not None:
+            raise BadRequest('"queue" and "expect" go with "all"; "ids" are exact')
+        return Selection(list(dict.fromkeys(ids)), found)
     if not everything:
         raise BadRequest('give "ids": [...] or "all": true')
-    return None, task_name, True
+    return Selection(None, found, expect)
+
+
+# -- the set a bulk action names ------------------------------------------------------------------
+
+#: Rows read per statement when every dead letter a bulk action names is listed.
+SNAPSHOT_PAGE = 10_000
+#: The most dead letters one bulk action of the dashboard changes (the command line has no
+#: such bound).
+BULK_MAX = 100_000
+#: Rows shown on a bulk action's confirmation page.
+CONFIRM_SAMPLE = 50
+
+
+@dataclass(frozen=True)
+class DeadFilter:
+    """Which dead letters a page or a bulk action means: those of a task name and/or queue."""
+
+    task: str | None = None
+    queue: str | None = None
+
+    @classmethod
+    def parse(cls, task: str | None, queue: str | None) -> DeadFilter:
+        return cls(_text(task), _text(queue))
+
+    def describe(self) -> str:
+        """``" of task proj.add in queue io"``, or ``""`` without a filter."""
+        task = f" of task {self.task}" if self.task else ""
+        queue = f" in queue {self.queue}" if self.queue else ""
+        return task + queue
+
+    def query(self) -> dict[str, str]:
+        return {k: v for k, v in (("task", self.task), ("queue", self.queue)) if v}
+
+
+def dead_letters_phrase(count: int, found: DeadFilter | None = None) -> str:
+    """``"11 dead letters of task proj.add"``, ``"1 dead letter"``."""
+    noun = "dead letter" if count == 1 else "dead letters"
+    return f"{count:,} {noun}{found.describe() if found else ''}"
+
+
+@dataclass(frozen=True)
+class DeadSet:
+    """The dead letters a bulk action names, read at one moment: their ``ids``, ``until`` (the
+    newest one's time: a row dead-lettered later is not part of the set) and the first
+    :data:`CONFIRM_SAMPLE` rows, to show."""
+
+    ids: list[str]
+    until: datetime | None
+    sample: list[Row]
+
+
+class TooMany(BadRequest):
+    """More dead letters than one bulk action of the dashboard changes."""
+
+
+def dead_set(
+    app: Celery, found: DeadFilter, until: datetime | None = None, at_most: int = BULK_MAX
+) -> DeadSet:
+    """Every dead letter matching ``found``, dead-lettered at or before ``until`` (when not
+    given: the newest one's time as the first page is read). Read a page at a time, newest
+    first; rows dead-lettered meanwhile are newer than ``until`` and left out, and a row seen
+    twice (the pages shifted under them) is counted once."""
+    ids: dict[str, None] = {}
+    sample: list[Row] = []
+    offset = 0
+    while True:
+        rows = app.broker.dead_letters(
+            SNAPSHOT_PAGE, offset, task_name=found.task, queue=found.queue
+        )
+        for row in rows:
+            if until is None:
+                until = row["updated_at"]
+            if row["updated_at"] > until or row["id"] in ids:
+                continue  # newer than the set, or seen again on this page after a shift
+            ids[row["id"]] = None
+            if len(sample) < CONFIRM_SAMPLE:
+                sample.append(row)
+        if len(ids) > at_most:
+            raise TooMany(
+                f"more than {at_most:,} dead letters{found.describe()} match; the dashboard "
+                "changes at most that many at once: narrow the filter, or use "
+                "`pgtasks dlq requeue --all` or `pgtasks dlq discard --all`"
+            )
+        if len(rows) < SNAPSHOT_PAGE:
+            return DeadSet(list(ids), until, sample)
+        offset += SNAPSHOT_PAGE

@@ -1,7 +1,9 @@
 """The dashboard in a real browser: Debian's Chromium driven by Playwright against a dashboard
 served by uvicorn on a schema holding real tasks. Every page is loaded, checked and saved as a
 full-page screenshot under ``test-artifacts/screenshots/``; a dead letter is requeued by
-clicking its button, and the page's live updates are watched arriving.
+clicking its button, the bulk buttons of a filtered page are clicked and confirmed (they must
+change exactly the rows shown), a dashboard without a token is checked to offer no change, and
+the page's live updates are watched arriving.
 
 Skipped when Chromium (``/usr/bin/chromium``) or Playwright is missing, except in CI
 (``CI=true``), where that is a failure: the browser tests must not be skipped silently there.
@@ -49,8 +51,10 @@ from pgtasks.dashboard import create_app  # noqa: E402
 from pgtasks.scheduler import Scheduler  # noqa: E402
 from pgtasks.worker import Worker  # noqa: E402
 from tests.apps.harness import REPO, wait_until  # noqa: E402
+from tests.integration.test_ops_queries import ago, insert  # noqa: E402
 
 WorkerFactory = Callable[..., AbstractContextManager[Worker]]
+TOKEN = "dashboard-token-for-the-browser-tests"
 SCREENSHOTS = REPO / "test-artifacts" / "screenshots"
 LAUNCH_ARGS = [
     "--no-sandbox",
@@ -126,6 +130,13 @@ def serve(app: Celery, token: str | None = None) -> Iterator[str]:
         thread.join(10)
 
 
+def log_in(page: Page, base: str) -> None:
+    page.goto(base + "/login")
+    page.fill('input[name="token"]', TOKEN)
+    page.click("form.login button")
+    page.wait_for_url(base + "/")
+
+
 def shoot(page: Page, name: str) -> Path:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
@@ -191,7 +202,8 @@ def test_every_page_in_chromium(
 ) -> None:
     made = populate(app, db, worker_factory)
     shots = []
-    with serve(app) as base, worker_factory(queues=["celery"]) as worker:
+    with serve(app, token=TOKEN) as base, worker_factory(queues=["celery"]) as worker:
+        log_in(page, base)
         page.goto(base + "/")
         assert page.locator('[data-field="totals.DEAD"]').inner_text() == "1"
         page.locator("#workers", has_text=worker.id).wait_for()
@@ -255,7 +267,7 @@ def test_login_with_a_token(
     problems: list[str],
 ) -> None:
     populate(app, db, worker_factory)
-    with serve(app, token="s3cret") as base:
+    with serve(app, token=TOKEN) as base:
         page.goto(base + "/queues")
         page.wait_for_url("**/login?next=*")
         page.fill('input[name="token"]', "wrong")
@@ -264,7 +276,7 @@ def test_login_with_a_token(
         # The refused login answers 401, which the browser reports.
         problems[:] = [p for p in problems if "status of 401" not in p]
         shoot(page, "login")
-        page.fill('input[name="token"]', "s3cret")
+        page.fill('input[name="token"]', TOKEN)
         page.click("form.login button")
         page.wait_for_url(base + "/queues")
         assert page.locator("#queues tr").count() == 2
@@ -273,3 +285,95 @@ def test_login_with_a_token(
         assert [c["httpOnly"] for c in cookies] == [True]
         page.click("form.logout button")
         page.wait_for_url("**/login")
+        page.goto(base + "/queues")  # the session ended with the logout
+        page.wait_for_url("**/login?next=*")
+
+
+def dead_counts(db: psycopg.Connection[Any]) -> dict[tuple[str, str, str], int]:
+    rows = db.execute("SELECT name, queue, status, count(*) FROM tasks GROUP BY 1, 2, 3")
+    return {(n, q, s): c for n, q, s, c in rows.fetchall()}
+
+
+def test_bulk_buttons_change_exactly_the_rows_of_the_filtered_page(
+    app: Celery, db: psycopg.Connection[Any], page: Page
+) -> None:
+    """45 dead letters of three tasks; filtered to one task (11 rows), "Discard all" discards
+    those 11 and no other; filtered to a task in one queue (8 rows), "Requeue all" requeues 8."""
+    made: dict[str, list[str]] = {}
+    for n, (name, queue) in enumerate(
+        [("proj.add", "celery")] * 11
+        + [("proj.mul", "celery")] * 18
+        + [("proj.mul", "io")] * 8
+        + [("proj.sub", "io")] * 8
+    ):
+        task_id = insert(db, "DEAD", name=name, queue=queue, error="boom", updated_at=ago(600 + n))
+        made.setdefault(name + "@" + queue, []).append(task_id)
+
+    with serve(app, token=TOKEN) as base:
+        log_in(page, base)
+        page.goto(base + "/dead-letters")
+        page.fill('form.filters input[name="task"]', "proj.add")
+        page.click("form.filters button[type=submit]")
+        page.wait_for_url("**/dead-letters?task=proj.add*")
+        rows = page.locator("#dead-letters tr[data-id]")
+        assert rows.count() == 11
+        shown = {rows.nth(i).get_attribute("data-id") for i in range(11)}
+        assert shown == set(made["proj.add@celery"])
+        assert "of task proj.add" in page.locator("#scope").inner_text()
+        shoot(page, "dead-letters-filtered")
+
+        page.get_by_role("button", name="Discard all").click()
+        question = page.locator("#question")
+        assert question.inner_text() == (
+            "Discard 11 dead letters of task proj.add? This cannot be undone."
+        )
+        assert page.locator("#confirm-rows tr").count() == 11
+        assert dead_counts(db)[("proj.add", "celery", "DEAD")] == 11  # not before confirming
+        shoot(page, "dead-letters-confirm-discard")
+        page.locator("#confirm").click()
+        page.locator(".flash", has_text="Discarded 11 dead letters of task proj.add.").wait_for()
+        assert page.locator("#dead-letters tr.empty").count() == 1
+        assert dead_counts(db) == {
+            ("proj.mul", "celery", "DEAD"): 18,
+            ("proj.mul", "io", "DEAD"): 8,
+            ("proj.sub", "io", "DEAD"): 8,
+        }
+
+        page.goto(base + "/dead-letters?task=proj.mul&queue=io")
+        assert page.locator("#dead-letters tr[data-id]").count() == 8
+        page.get_by_role("button", name="Requeue all").click()
+        assert (
+            page.locator("#question")
+            .inner_text()
+            .startswith("Requeue 8 dead letters of task proj.mul in queue io?")
+        )
+        page.locator("#confirm").click()
+        page.locator(
+            ".flash", has_text="Requeued 8 dead letters of task proj.mul in queue io."
+        ).wait_for()
+        shoot(page, "dead-letters-requeued-filtered")
+    counts = dead_counts(db)
+    assert counts[("proj.mul", "io", "PENDING")] == 8
+    assert counts[("proj.mul", "celery", "DEAD")] == 18 and counts[("proj.sub", "io", "DEAD")] == 8
+    assert {
+        db.execute("SELECT status FROM tasks WHERE id = %s", (i,)).fetchone()[0]  # type: ignore[index]
+        for i in made["proj.mul@io"]
+    } == {"PENDING"}
+
+
+def test_without_a_token_no_button_can_change_anything(
+    app: Celery, db: psycopg.Connection[Any], page: Page
+) -> None:
+    dead = insert(db, "DEAD", name="proj.add", error="boom")
+    with serve(app) as base:
+        page.goto(base + "/dead-letters")
+        assert "read-only" in page.locator("header .mode").inner_text()
+        assert "start it with a token" in page.locator(".flash.readonly").inner_text().lower()
+        page.locator("#live", has_text="live ·").wait_for()  # the rows were drawn again
+        for name in ("Requeue selected", "Discard selected", "Requeue all", "Discard all"):
+            assert page.get_by_role("button", name=name).is_disabled(), name
+        row = page.locator(f'#dead-letters tr[data-id="{dead}"]')
+        assert row.get_by_role("button", name="Requeue").is_disabled()
+        assert row.get_by_role("button", name="Discard").is_disabled()
+        shoot(page, "dead-letters-read-only")
+    assert status_of(db, dead) == "DEAD"

@@ -5,6 +5,7 @@ and escaping."""
 from __future__ import annotations
 
 import contextlib
+import html
 import re
 import warnings
 from collections.abc import Callable, Iterator
@@ -24,6 +25,7 @@ from pgtasks.dashboard import UnsafeBind, check_bind, create_app
 from pgtasks.scheduler import Scheduler
 from pgtasks.worker import Worker
 from tests.apps.harness import wait_until
+from tests.integration.test_ops_queries import ago, insert
 
 with warnings.catch_warnings():
     # Recent Starlette releases warn that their TestClient prefers httpx2 to httpx.
@@ -33,6 +35,8 @@ with warnings.catch_warnings():
 WorkerFactory = Callable[..., AbstractContextManager[Worker]]
 BASE = "http://127.0.0.1:5555"
 XSS = "<script>alert('x')</script>"
+TOKEN = "dashboard-token-for-the-tests-0123"
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def from_client(asgi: ASGIApp, host: str) -> ASGIApp:
@@ -48,6 +52,14 @@ def from_client(asgi: ASGIApp, host: str) -> ASGIApp:
 
 def client(app: Celery, token: str | None = None, host: str = "127.0.0.1") -> TestClient:
     return TestClient(from_client(create_app(app, token=token), host), base_url=BASE)
+
+
+def browser(app: Celery) -> TestClient:
+    """A browser logged in to a dashboard with a token."""
+    web = client(app, token=TOKEN)
+    answer = web.post("/login", data={"token": TOKEN}, follow_redirects=False)
+    assert answer.status_code == 303
+    return web
 
 
 def status_of(db: psycopg.Connection[Any], task_id: str) -> str | None:
@@ -200,7 +212,7 @@ def test_requeue_and_discard_change_the_rows(
 ) -> None:
     with populated() as made:
         made.worker.stop()  # nothing runs the requeued tasks
-        web = client(app)
+        web = browser(app)
         page = web.get("/dead-letters").text
         requeued = web.post(
             "/dead-letters",
@@ -218,19 +230,22 @@ def test_requeue_and_discard_change_the_rows(
         assert forged.status_code == 403
         assert status_of(db, made.dead) == "DEAD"
 
-        bulk = web.post(
-            "/dead-letters",
-            data={"csrf": csrf_of(page), "action": "requeue_selected", "ids": [made.dead]},
-        )
+        selected = {"csrf": csrf_of(page), "action": "requeue_selected", "ids": [made.dead]}
+        asked = web.post("/dead-letters", data=selected)
+        assert "Requeue the 1 selected dead letter?" in asked.text
+        assert status_of(db, made.dead) == "DEAD"  # not before it is confirmed
+        bulk = web.post("/dead-letters", data={**selected, "confirmed": "yes"})
         assert "Requeued 1 dead letter." in bulk.text
         assert status_of(db, made.dead) == "PENDING"
 
         db.execute("UPDATE tasks SET status = 'DEAD' WHERE id = %s", (made.dead,))
-        gone = web.post("/api/dead-letters/discard", json={"ids": [made.dead]})
+        api = client(app, token=TOKEN)
+        gone = api.post("/api/dead-letters/discard", json={"ids": [made.dead]}, headers=BEARER)
         assert gone.json() == {"discarded": 1}
         assert status_of(db, made.dead) is None
-        assert web.post("/api/dead-letters/requeue", json={"all": True}).json() == {"requeued": 0}
-        assert web.post("/api/dead-letters/requeue", json={}).status_code == 400
+        everything = api.post("/api/dead-letters/requeue", json={"all": True}, headers=BEARER)
+        assert everything.json() == {"requeued": 0}
+        assert api.post("/api/dead-letters/requeue", json={}, headers=BEARER).status_code == 400
 
 
 def test_a_token_guards_every_page_and_change(
@@ -239,7 +254,7 @@ def test_a_token_guards_every_page_and_change(
     with populated() as made:
         made.worker.stop()
         # With a token, changes are accepted from any client that has it.
-        web = client(app, token="s3cret", host="203.0.113.9")
+        web = client(app, token=TOKEN, host="203.0.113.9")
         login = web.get("/", follow_redirects=False)
         assert login.status_code == 303 and login.headers["location"].startswith("/login")
         assert web.get("/api/queues").status_code == 401
@@ -254,7 +269,7 @@ def test_a_token_guards_every_page_and_change(
         )
         assert wrong.status_code == 401
         assert status_of(db, made.dead) == "DEAD"
-        bearer = {"Authorization": "Bearer s3cret"}
+        bearer = BEARER
         done = web.post("/api/dead-letters/requeue", json={"ids": [made.dead]}, headers=bearer)
         assert done.json() == {"requeued": 1}
         assert status_of(db, made.dead) == "PENDING"
@@ -263,11 +278,11 @@ def test_a_token_guards_every_page_and_change(
         refused = web.post("/login", data={"token": "nope", "next": "/queues"})
         assert refused.status_code == 401 and "Wrong token." in refused.text
         logged_in = web.post(
-            "/login", data={"token": "s3cret", "next": "/queues"}, follow_redirects=False
+            "/login", data={"token": TOKEN, "next": "/queues"}, follow_redirects=False
         )
         assert logged_in.status_code == 303 and logged_in.headers["location"] == "/queues"
         cookie = logged_in.headers["set-cookie"]
-        assert "HttpOnly" in cookie and "s3cret" not in cookie
+        assert "HttpOnly" in cookie and TOKEN not in cookie
         assert web.get("/queues").status_code == 200  # the cookie is sent from now on
         db.execute("UPDATE tasks SET status = 'DEAD' WHERE id = %s", (made.dead,))
         page = web.get("/dead-letters").text
@@ -275,34 +290,36 @@ def test_a_token_guards_every_page_and_change(
         assert form.status_code == 200 and status_of(db, made.dead) == "PENDING"
 
 
-def test_without_a_token_only_this_machine_may_change_anything(
+def test_without_a_token_nothing_changes_and_only_this_machine_reads(
     app: Celery, db: psycopg.Connection[Any], populated: Any
 ) -> None:
     with populated() as made:
         made.worker.stop()
-        remote = client(app, host="203.0.113.9")
-        assert remote.get("/dead-letters").status_code == 200  # reading is open
-        refused = remote.post("/api/dead-letters/requeue", json={"ids": [made.dead]})
-        assert refused.status_code == 403
+        for host in ("203.0.113.9", "127.0.0.1"):
+            web = client(app, host=host)
+            assert web.get("/dead-letters").status_code == 200  # reading is open
+            refused = web.post("/api/dead-letters/requeue", json={"ids": [made.dead]})
+            assert refused.status_code == 403 and "read-only" in refused.json()["error"]
         assert status_of(db, made.dead) == "DEAD"
 
-        local = client(app)
-        rebinding = local.get("/", headers={"Host": "evil.example:5555"})
+        rebinding = client(app).get("/", headers={"Host": "evil.example:5555"})
         assert rebinding.status_code == 400
-        cross_site = local.post(
+
+        web = browser(app)
+        cross_site = web.post(
             "/api/dead-letters/requeue",
             json={"ids": [made.dead]},
             headers={"Origin": "http://evil.example"},
         )
         assert cross_site.status_code == 403
-        plain = local.post("/api/dead-letters/requeue", content=b'{"ids": []}')
+        plain = web.post("/api/dead-letters/requeue", content=b'{"ids": []}', headers=BEARER)
         assert plain.status_code == 400  # JSON content type required
         assert status_of(db, made.dead) == "DEAD"
 
     check_bind("127.0.0.1", None)
     check_bind("localhost", None)
-    check_bind("0.0.0.0", "s3cret")
-    with pytest.raises(UnsafeBind, match="--token"):
+    check_bind("0.0.0.0", TOKEN)
+    with pytest.raises(UnsafeBind, match="PGTASKS_DASHBOARD_TOKEN"):
         check_bind("0.0.0.0", None)
     assert dashboard_command.dashboard.name == "dashboard"  # registered on import
     result = CliRunner().invoke(cli, ["dashboard", "--address", "0.0.0.0"], env={})
@@ -317,7 +334,8 @@ def test_enqueue_and_status_round_trip(
     def mul(x: int, y: int) -> int:
         return x * y
 
-    web = client(app)
+    web = client(app, token=TOKEN)
+    web.headers.update(BEARER)
     with worker_factory():
         sent = web.post("/api/tasks", json={"task": "dash.mul", "args": [6, 7]})
         assert sent.status_code == 202
@@ -361,3 +379,180 @@ def test_markup_in_names_and_errors_is_escaped(app: Celery, populated: Any) -> N
         assert "&lt;script&gt;" in pages[3]  # the error
         headers = web.get("/").headers
         assert "script-src 'self'" in headers["content-security-policy"]
+
+
+# -- bulk actions act on what they showed -------------------------------------------------------
+
+
+def hidden_fields(page: str, form_id: str | None = None, **more: Any) -> dict[str, Any]:
+    """The hidden inputs of the page's form (``form_id``), or of its confirmation form, with
+    ``more`` fields."""
+    pattern = rf'<form[^>]*id="{form_id}"' if form_id else r'<form[^>]*class="confirm"'
+    found = re.search(pattern + r".*?</form>", page, re.S)
+    assert found, "no such form on the page"
+    fields: dict[str, Any] = {}
+    for name, value in re.findall(
+        r'<input type="hidden" name="([^"]+)" value="([^"]*)">', found[0]
+    ):
+        fields.setdefault(html.unescape(name), []).append(html.unescape(value))
+    return {**fields, **more}
+
+
+def dead_by(db: psycopg.Connection[Any]) -> dict[tuple[str, str, str], int]:
+    rows = db.execute("SELECT name, queue, status, count(*) FROM tasks GROUP BY 1, 2, 3")
+    return {(n, q, s): c for n, q, s, c in rows.fetchall()}
+
+
+@pytest.fixture
+def many_dead(db: psycopg.Connection[Any]) -> dict[str, list[str]]:
+    """45 dead letters: proj.add 11 (celery), proj.mul 26 (18 celery, 8 io), proj.sub 8 (io)."""
+    made: dict[str, list[str]] = {}
+    n = 0
+    for name, queue, count in (
+        ("proj.add", "celery", 11),
+        ("proj.mul", "celery", 18),
+        ("proj.mul", "io", 8),
+        ("proj.sub", "io", 8),
+    ):
+        for _ in range(count):
+            n += 1
+            made.setdefault(f"{name}@{queue}", []).append(
+                insert(db, "DEAD", name=name, queue=queue, error="boom", updated_at=ago(600 + n))
+            )
+    return made
+
+
+def test_discard_all_on_a_filtered_page_discards_only_the_filtered_rows(
+    app: Celery, db: psycopg.Connection[Any], many_dead: dict[str, list[str]]
+) -> None:
+    web = browser(app)
+    page = web.get("/dead-letters", params={"task": "proj.add"}).text
+    assert page.count("<tr data-id=") == 11
+    form = hidden_fields(page, "dead-form", action="discard_all")
+    assert form["task"] == ["proj.add"]  # the form carries the page's filter
+
+    asked = web.post("/dead-letters", data=form)
+    assert asked.status_code == 200
+    assert "Discard 11 dead letters of task proj.add? This cannot be undone." in asked.text
+    assert asked.text.count("<tr data-id=") == 11
+    assert sum(dead_by(db).values()) == 45  # nothing yet
+
+    done = web.post("/dead-letters", data=hidden_fields(asked.text))
+    assert "Discarded 11 dead letters of task proj.add." in done.text
+    assert dead_by(db) == {
+        ("proj.mul", "celery", "DEAD"): 18,
+        ("proj.mul", "io", "DEAD"): 8,
+        ("proj.sub", "io", "DEAD"): 8,
+    }
+
+
+def test_requeue_all_on_a_page_filtered_by_task_and_queue(
+    app: Celery, db: psycopg.Connection[Any], many_dead: dict[str, list[str]]
+) -> None:
+    web = browser(app)
+    page = web.get("/dead-letters", params={"task": "proj.mul", "queue": "io"}).text
+    assert page.count("<tr data-id=") == 8
+    asked = web.post("/dead-letters", data=hidden_fields(page, "dead-form", action="requeue_all"))
+    assert "Requeue 8 dead letters of task proj.mul in queue io?" in asked.text
+    done = web.post("/dead-letters", data=hidden_fields(asked.text))
+    assert "Requeued 8 dead letters of task proj.mul in queue io." in done.text
+    assert dead_by(db)[("proj.mul", "io", "PENDING")] == 8
+    assert ("proj.mul", "io", "DEAD") not in dead_by(db)
+    assert sum(c for (_, _, s), c in dead_by(db).items() if s == "DEAD") == 37
+
+
+def test_a_bulk_action_never_acts_on_more_than_it_showed(
+    app: Celery, db: psycopg.Connection[Any], many_dead: dict[str, list[str]]
+) -> None:
+    web = browser(app)
+    page = web.get("/dead-letters", params={"queue": "io"}).text
+    asked = web.post("/dead-letters", data=hidden_fields(page, "dead-form", action="discard_all"))
+    assert "Discard 16 dead letters in queue io?" in asked.text
+    confirm = hidden_fields(asked.text)
+
+    # While the operator reads: one more task dies in that queue, and someone else requeues
+    # one of the sixteen.
+    newcomer = insert(db, "DEAD", name="proj.sub", queue="io", error="late")
+    taken = many_dead["proj.sub@io"][0]
+    db.execute("UPDATE tasks SET status = 'PENDING' WHERE id = %s", (taken,))
+
+    done = web.post("/dead-letters", data=confirm)
+    assert (
+        "Discarded 15 dead letters in queue io. 1 of the 16 shown was no longer a dead letter."
+        in done.text
+    )
+    assert status_of(db, newcomer) == "DEAD" and status_of(db, taken) == "PENDING"
+
+
+def test_a_bulk_action_refuses_when_more_match_than_it_showed(
+    app: Celery, db: psycopg.Connection[Any], many_dead: dict[str, list[str]]
+) -> None:
+    web = browser(app)
+    page = web.get("/dead-letters", params={"task": "proj.add"}).text
+    asked = web.post("/dead-letters", data=hidden_fields(page, "dead-form", action="requeue_all"))
+    assert "Requeue 11 dead letters of task proj.add?" in asked.text
+    # A row dead-lettered before the page was read but committed after it (its time is
+    # older than the newest shown): it is part of the set now, which is larger than shown.
+    late = insert(db, "DEAD", name="proj.add", error="late", updated_at=ago(10_000))
+    refused = web.post("/dead-letters", data=hidden_fields(asked.text))
+    assert refused.status_code == 409
+    assert "12 match now where 11 were shown. Nothing was changed" in refused.text
+    assert "Requeue 12 dead letters of task proj.add?" in refused.text  # asked again
+    assert dead_by(db)[("proj.add", "celery", "DEAD")] == 12
+    done = web.post("/dead-letters", data=hidden_fields(refused.text))
+    assert "Requeued 12 dead letters of task proj.add." in done.text
+    assert status_of(db, late) == "PENDING"
+
+
+def test_bulk_actions_on_nothing_and_on_selected_rows(
+    app: Celery, db: psycopg.Connection[Any], many_dead: dict[str, list[str]]
+) -> None:
+    web = browser(app)
+    page = web.get("/dead-letters", params={"task": "proj.none"}).text
+    asked = web.post("/dead-letters", data=hidden_fields(page, "dead-form", action="discard_all"))
+    assert "No dead letters of task proj.none: nothing to discard." in asked.text
+    assert 'class="confirm"' not in asked.text
+
+    two = many_dead["proj.sub@io"][:2]
+    page = web.get("/dead-letters").text
+    chosen = hidden_fields(page, "dead-form", action="discard_selected", ids=two)
+    asked = web.post("/dead-letters", data=chosen)
+    assert "Discard the 2 selected dead letters? This cannot be undone." in asked.text
+    done = web.post("/dead-letters", data=hidden_fields(asked.text))
+    assert "Discarded 2 dead letters." in done.text
+    assert [status_of(db, i) for i in two] == [None, None]
+    assert sum(dead_by(db).values()) == 43
+    row = re.search(rf'<tr data-id="{many_dead["proj.add@celery"][0]}">.*?</tr>', page)
+    assert (
+        row
+        and f'data-confirm="Discard dead letter {many_dead["proj.add@celery"][0]} of task proj.add?'
+        in row[0]
+    )
+
+
+def test_the_api_acts_on_its_filter_and_refuses_past_what_was_seen(
+    app: Celery, db: psycopg.Connection[Any], many_dead: dict[str, list[str]]
+) -> None:
+    api = client(app, token=TOKEN)
+    api.headers.update(BEARER)
+    requeued = api.post(
+        "/api/dead-letters/requeue", json={"all": True, "task": "proj.mul", "queue": "io"}
+    )
+    assert requeued.json() == {"requeued": 8}
+    assert dead_by(db)[("proj.mul", "io", "PENDING")] == 8
+
+    too_many = api.post(
+        "/api/dead-letters/discard", json={"all": True, "task": "proj.add", "expect": 10}
+    )
+    assert too_many.status_code == 409 and too_many.json()["matching"] == 11
+    assert dead_by(db)[("proj.add", "celery", "DEAD")] == 11
+    seen = api.post("/api/dead-letters/discard", json={"all": True, "queue": "io", "expect": 8})
+    assert seen.json() == {"discarded": 8}
+    assert ("proj.sub", "io", "DEAD") not in dead_by(db)
+
+    for bad in (
+        {"ids": many_dead["proj.add@celery"][:1], "queue": "io"},
+        {"all": True, "expect": -1},
+        {"all": True, "queue": ""},
+    ):
+        assert api.post("/api/dead-letters/requeue", json=bad).status_code == 400

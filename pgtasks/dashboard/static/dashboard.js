@@ -5,6 +5,8 @@
 
   var SVG = "http://www.w3.org/2000/svg";
   var body = document.body;
+  // Set when the dashboard has no token: nothing can be changed, so no button is enabled.
+  var readOnly = body.getAttribute("data-readonly");
 
   function el(tag, attrs, children) {
     var node = document.createElement(tag);
@@ -167,7 +169,11 @@
         box.checked = !!checked[d.id];
         var requeue = el("button", { type: "submit", name: "requeue_one", value: d.id, text: "Requeue" });
         var discard = el("button", { type: "submit", name: "discard_one", value: d.id, "class": "danger",
-          "data-confirm": "Delete this dead letter? This cannot be undone.", text: "Discard" });
+          "data-confirm": "Discard dead letter " + d.id + " of task " + d.name + "? This cannot be undone.",
+          text: "Discard" });
+        if (readOnly !== null) {
+          [box, requeue, discard].forEach(function (node) { node.disabled = true; });
+        }
         return el("tr", { "data-id": d.id }, [cell([box]), cell([taskLink(d.id)]), td(d.name), td(d.queue),
           td(d.attempt, "num"), td(d.retries, "num"), td(dt(d.updated_at)),
           td(firstline(d.error, 80), "error"), cell([requeue, " ", discard], "row-actions")]);
