@@ -146,7 +146,7 @@ def dlq() -> None:
       pgtasks -A proj dlq list --task proj.tasks.fetch
       pgtasks dlq show 6f1d0c4e-...
       pgtasks dlq requeue 6f1d0c4e-... 0b9e77aa-...
-      pgtasks dlq discard --all --task proj.tasks.fetch -f
+      pgtasks dlq discard --all --task proj.tasks.fetch -Q io
     """
 
 
@@ -238,14 +238,32 @@ def dlq_show(ctx: click.Context, task_id: str, as_json: bool) -> None:
         click.echo(f"  {a['attempt']:>3}  {when}  {a['outcome']:<9} {a['worker']}{error}")
 
 
-def _selection(ids: tuple[str, ...], everything: bool, task_name: str | None) -> str:
-    if ids and everything:
-        raise click.UsageError("give task ids or --all, not both")
-    if not ids and not everything:
-        raise click.UsageError("give one or more task ids, or --all (with --task to narrow it)")
-    if ids:
-        return _plural(len(ids), "dead letter")
-    return f"every dead letter of task {task_name}" if task_name else "every dead letter"
+def _where(task_name: str | None, queue: str | None) -> str:
+    """The filter in words: " of task proj.add in queue io", or "" for none."""
+    task = f" of task {task_name}" if task_name else ""
+    return task + (f" in queue {queue}" if queue else "")
+
+
+#: Rows read per statement while the dead letters ``--all`` names are listed.
+_LIST_PAGE = 20_000
+
+
+def _dead_ids(app: Any, task_name: str | None, queue: str | None) -> list[str]:
+    """The ids of every dead letter of ``task_name`` and ``queue`` (when given), as they are
+    when the first page is read: a row dead-lettered later is newer than that page's newest
+    and left out, and a row seen twice (the pages shifted under them) is listed once."""
+    ids: dict[str, None] = {}
+    until = None
+    offset = 0
+    while True:
+        rows = app.broker.dead_letters(_LIST_PAGE, offset, task_name=task_name, queue=queue)
+        for row in rows:
+            until = row["updated_at"] if until is None else until
+            if row["updated_at"] <= until:
+                ids.setdefault(row["id"])
+        if len(rows) < _LIST_PAGE:
+            return list(ids)
+        offset += _LIST_PAGE
 
 
 def _progress(verb: str) -> tuple[Callable[[int], None] | None, Callable[[], None]]:
@@ -270,33 +288,72 @@ def _dlq_change(
     ids: tuple[str, ...],
     everything: bool,
     task_name: str | None,
+    queue: str | None,
     force: bool,
     verb: str,
 ) -> None:
-    what = _selection(ids, everything, task_name)
+    """Requeue or discard exactly the dead letters the confirmation names: the given ids, or
+    with --all those listed (and counted) before the question is asked; never one that
+    became a dead letter after that."""
+    if ids and everything:
+        raise click.UsageError("give task ids or --all, not both")
+    if not ids and not everything:
+        raise click.UsageError(
+            "give one or more task ids, or --all (with --task and -Q/--queue to narrow it)"
+        )
+    if ids and queue:
+        raise click.UsageError(
+            "-Q/--queue narrows --all; list a queue's dead letters with `pgtasks dlq list -Q "
+            "QUEUE`, or give --all -Q QUEUE"
+        )
     app = get_app(ctx, required=False)
+    where = _where(task_name, queue)
+    if everything:
+        wanted = _dead_ids(app, task_name, queue)
+        if not wanted:
+            click.echo(f"No dead letters{where}.")
+            return
+        what = _plural(len(wanted), "dead letter") + where
+    else:
+        wanted = list(dict.fromkeys(ids))
+        what = _plural(len(wanted), "dead letter")
+        if task_name:
+            what += f" (only those of task {task_name})"
     if not force:
-        question = "Requeue" if verb == "requeue" else "Delete"
-        suffix = "" if verb == "requeue" else " This cannot be undone"
+        question = "Requeue" if verb == "requeue" else "Discard"
+        suffix = "" if verb == "requeue" else " This cannot be undone."
         click.confirm(f"{question} {what}?{suffix}", abort=True)
     update, finish = _progress("requeued" if verb == "requeue" else "discarded")
-    selected = list(ids) if ids else None
+    narrow = None if everything else task_name
     try:
         if verb == "requeue":
             by = f"pgtasks-cli@{socket.gethostname()}"
-            count = app.broker.requeue_dead(selected, task_name, everything, by=by, progress=update)
+            count = app.broker.requeue_dead(wanted, narrow, by=by, progress=update)
         else:
-            count = app.broker.discard_dead(selected, task_name, everything, progress=update)
+            count = app.broker.discard_dead(wanted, narrow, progress=update)
     finally:
         finish()
     done = "Requeued" if verb == "requeue" else "Discarded"
-    click.echo(f"{done} {_plural(count, 'dead letter')}.")
+    said = f"{done} {_plural(count, 'dead letter')}{where if everything else ''}."
+    missed = len(wanted) - count
+    if missed:
+        counted = "counted" if everything else "given"
+        was = "was" if missed == 1 else "were"
+        said += f" {missed} of the {len(wanted)} {counted} {was} not a dead letter"
+        said += f"{where} any more." if everything else f"{where}."
+    click.echo(said)
 
 
 _selection_options = [
     click.argument("ids", nargs=-1, metavar="[ID]..."),
-    click.option("--all", "everything", is_flag=True, help="Every dead letter (see --task)."),
+    click.option(
+        "--all",
+        "everything",
+        is_flag=True,
+        help="Every dead letter (of --task and -Q/--queue when given), counted before asking.",
+    ),
     click.option("--task", "task_name", metavar="NAME", help="Only dead letters of this task."),
+    click.option("-Q", "--queue", help="Only dead letters of this queue (with --all)."),
     click.option("-f", "--force", is_flag=True, help="Do not ask for confirmation."),
 ]
 
@@ -311,36 +368,52 @@ def _with_selection(f: Callable[..., Any]) -> Callable[..., Any]:
 @_with_selection
 @click.pass_context
 def dlq_requeue(
-    ctx: click.Context, ids: tuple[str, ...], everything: bool, task_name: str | None, force: bool
+    ctx: click.Context,
+    ids: tuple[str, ...],
+    everything: bool,
+    task_name: str | None,
+    queue: str | None,
+    force: bool,
 ) -> None:
     """Put dead letters back in their queue, due now, with a fresh budget.
 
     The retry count starts again at 0 and the task may again lose as many workers as
     max_lost_attempts allows; its attempt history is kept, with a 'requeued' entry. Only tasks
-    still dead-lettered change.
+    still dead-lettered change. With --all, the question says how many match; only those are
+    requeued, not one dead-lettered while you answer.
 
     \b
     Examples:
       pgtasks -A proj dlq requeue 6f1d0c4e-... 0b9e77aa-...
+      pgtasks dlq requeue --all --task proj.tasks.fetch -Q io
       pgtasks dlq requeue --all --task proj.tasks.fetch -f
     """
-    _dlq_change(ctx, ids, everything, task_name, force, "requeue")
+    _dlq_change(ctx, ids, everything, task_name, queue, force, "requeue")
 
 
 @dlq.command("discard")
 @_with_selection
 @click.pass_context
 def dlq_discard(
-    ctx: click.Context, ids: tuple[str, ...], everything: bool, task_name: str | None, force: bool
+    ctx: click.Context,
+    ids: tuple[str, ...],
+    everything: bool,
+    task_name: str | None,
+    queue: str | None,
+    force: bool,
 ) -> None:
     """Delete dead letters and their stored results (the attempt history stays).
+
+    With --all, the question says how many match; only those are deleted, not one
+    dead-lettered while you answer.
 
     \b
     Examples:
       pgtasks -A proj dlq discard 6f1d0c4e-...
+      pgtasks dlq discard --all --task proj.tasks.fetch
       pgtasks dlq discard --all -f
     """
-    _dlq_change(ctx, ids, everything, task_name, force, "discard")
+    _dlq_change(ctx, ids, everything, task_name, queue, force, "discard")
 
 
 # -- health -----------------------------------------------------------------------------------

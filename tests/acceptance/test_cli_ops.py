@@ -130,7 +130,7 @@ def test_dlq_all(env: dict[str, str], db: psycopg.Connection[Any]) -> None:
     other = insert(db, "DEAD", name="ops.other")
     done = run_cli(env, "dlq", "requeue", "--all", "--task", "ops.noop", "-f")
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "Requeued 4 dead letters.\n"
+    assert done.stdout == "Requeued 4 dead letters of task ops.noop.\n"
     assert done.stderr == ""  # no progress line off a terminal
     assert {i: s for i, s in statuses(db).items() if s == "PENDING"}.keys() == set(dead)
     gone = run_cli(env, "dlq", "discard", "--all", "-f")
