@@ -162,6 +162,8 @@ class TrustedProxies:
             address = ipaddress.ip_address(host.strip("[]"))
         except ValueError:
             return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped  # a dual-stack socket's view of an IPv4 client
         return any(address in network for network in self.networks)
 
 

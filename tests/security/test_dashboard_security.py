@@ -199,6 +199,7 @@ def test_the_cookie_is_secure_behind_a_tls_proxy_it_trusts(app: Celery) -> None:
 
     behind = create_app(app, token=TOKEN, forwarded_allow_ips="10.0.0.0/8")
     assert "Secure" in login_cookie(behind, "10.1.2.3", https)
+    assert "Secure" in login_cookie(behind, "::ffff:10.1.2.3", https)
     assert "Secure" not in login_cookie(behind, "127.0.0.1", https)
     assert "Secure" in login_cookie(behind, "10.1.2.3", {"X-Forwarded-Proto": "http, https"})
 
