@@ -11,16 +11,21 @@
   one, and the task fails with ``TimeLimitExceeded`` (a FAILURE, never retried, as in Celery).
   A thread cannot be killed, so the threads and solo pools ignore it and the worker warns at start.
 
-Which limit applies, first found wins (Celery's order): the call's ``apply_async(time_limit=...,
-soft_time_limit=...)`` (the ``timelimit`` header), the task's ``time_limit``/``soft_time_limit``
-option, then the worker's ``--time-limit``/``--soft-time-limit`` or the ``task_time_limit``/
-``task_soft_time_limit`` settings.
+Which limits apply: the task's ``time_limit``/``soft_time_limit`` option, else the worker's
+``--time-limit``/``--soft-time-limit`` or the ``task_time_limit``/``task_soft_time_limit``
+settings (Celery's order); a call's ``apply_async(time_limit=..., soft_time_limit=...)`` (the
+``timelimit`` header) may then lower each, never lift it. Celery lets the call's limits win either
+way; here the task's code and the worker's operator bound a task, and whoever may only enqueue it
+(perhaps a less trusted service) cannot make a worker hang on it past that bound. A header that is
+not a pair of seconds or nulls asks for nothing: the row runs with its task's and worker's limits
+(a warning names the task), as a limit it does not lower is no reason to lose the call.
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
+import reprlib
 import signal
 import threading
 import time
@@ -40,17 +45,47 @@ if TYPE_CHECKING:
 #: The message header carrying a call's limits, as Celery's protocol v2 names it: [hard, soft].
 HEADER = "timelimit"
 
+log = structlog.get_logger("pgtasks")
+
+#: The longest timeout a timer takes (about 292 years; ``setitimer`` and ``threading.Timer``
+#: raise OverflowError past it): a limit this long is no limit.
+_LONGEST = threading.TIMEOUT_MAX
+
 
 def _positive(value: Any) -> float | None:
-    """Seconds from a limit as written anywhere (headers may hold any JSON); None when that is
-    no usable limit: not a number, not positive, or infinite (a timer cannot be set for it)."""
+    """Seconds from a task's or a worker's limit; None when that is no usable limit: not a
+    number, not positive, or too long for a timer."""
     if value is None or isinstance(value, bool):
         return None
     try:
         seconds = float(value)
     except (TypeError, ValueError, OverflowError):
         return None
-    return seconds if 0 < seconds < math.inf else None
+    return seconds if 0 < seconds < _LONGEST else None
+
+
+def _call_limit(value: Any) -> float | None:
+    """Seconds from one side of a call's ``timelimit`` header; None for no limit of the call's
+    own (null, or Celery's 0). Raises ValueError for what is not a number of seconds: headers may
+    hold any JSON."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{type(value).__name__} is not a number of seconds")
+    try:
+        seconds = float(value)
+    except OverflowError:
+        return None  # past a float: longer than any limit, so it lowers none
+    if seconds != seconds or seconds < 0:
+        raise ValueError(f"{seconds} is not a number of seconds")
+    return seconds if 0 < seconds < _LONGEST else None
+
+
+def _lower(limit: float | None, call: float | None) -> float | None:
+    """``limit`` lowered to the call's own (None is no limit)."""
+    if call is None:
+        return limit
+    return call if limit is None else min(limit, call)
 
 
 def resolve(
@@ -59,33 +94,61 @@ def resolve(
     default_hard: float | None,
     default_soft: float | None,
 ) -> tuple[float | None, float | None]:
-    """The (hard, soft) limits in seconds for one call; None means no limit."""
+    """The (hard, soft) limits in seconds for one call; None means no limit. A call's own limits
+    (the ``timelimit`` header) only ever lower those of its task or worker."""
     pair = headers.get(HEADER)
     task_hard = getattr(task, "time_limit", None)
     task_soft = getattr(task, "soft_time_limit", None)
     if (
-        not pair
+        pair is None
         and task_hard is None
         and task_soft is None
         and default_hard is None
         and default_soft is None
     ):
         return None, None  # no limit set anywhere, as for most calls
-    if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-        pair = (None, None)
-    hard = _positive(pair[0]) or _positive(task_hard)
-    soft = _positive(pair[1]) or _positive(task_soft)
-    return hard or _positive(default_hard), soft or _positive(default_soft)
+    hard = _positive(task_hard) or _positive(default_hard)
+    soft = _positive(task_soft) or _positive(default_soft)
+    if pair is None:
+        return hard, soft
+    try:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ValueError("not a [hard, soft] pair")
+        call_hard, call_soft = _call_limit(pair[0]), _call_limit(pair[1])
+    except ValueError as exc:
+        log.warning(
+            "task.time_limit_ignored",
+            task_name=getattr(task, "name", None),
+            timelimit=reprlib.repr(pair),
+            reason=str(exc),
+            limits=[hard, soft],
+            hint="a call's timelimit header is a pair of seconds or nulls; the task's and the "
+            "worker's limits apply",
+        )
+        return hard, soft
+    return _lower(hard, call_hard), _lower(soft, call_soft)
 
 
-def header(time_limit: float | None, soft_time_limit: float | None) -> list[float | None] | None:
-    """The ``timelimit`` header value for a call's own limits (None when it sets neither)."""
+def header(time_limit: Any, soft_time_limit: Any) -> list[float | None] | None:
+    """The ``timelimit`` header value for a call's own limits (None when it sets neither).
+    Raises TypeError or ValueError, naming the option, for what is not a number of seconds."""
     if time_limit is None and soft_time_limit is None:
         return None
-    return [
-        None if time_limit is None else float(time_limit),
-        None if soft_time_limit is None else float(soft_time_limit),
-    ]
+    return [_seconds("time_limit", time_limit), _seconds("soft_time_limit", soft_time_limit)]
+
+
+def _seconds(option: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{option} must be a number of seconds, not {type(value).__name__}")
+    try:
+        seconds = float(value)
+    except OverflowError:
+        seconds = math.inf
+    if not 0 <= seconds < math.inf:
+        raise ValueError(f"{option} must be a finite number of seconds, at least 0, not {value}")
+    return seconds
 
 
 #: What ``soft_limit`` gives a call with no limit: nothing to arm, and no generator to run.
@@ -206,5 +269,5 @@ def hard_limit_outcome(app: Celery, job: Job, limit: float, started: float) -> O
     try:
         return after_failure(app, job, request, exc, einfo, outcome)
     except Exception:  # follow-ups must never stop the pool from replacing its child
-        structlog.get_logger("pgtasks").exception("task.followups_failed", task_id=job.id)
+        log.exception("task.followups_failed", task_id=job.id)
         return outcome

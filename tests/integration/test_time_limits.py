@@ -2,7 +2,8 @@
 
 Soft limits raise ``SoftTimeLimitExceeded`` inside the task (prefork and threads); hard limits kill
 and replace the prefork child and fail the task with ``TimeLimitExceeded`` — a FAILURE, not a
-retry and not a lost worker — while the worker keeps running.
+retry and not a lost worker — while the worker keeps running. A call's own limits may lower the
+task's and the worker's, never lift them (a deliberate difference from Celery).
 """
 
 from __future__ import annotations
@@ -131,19 +132,23 @@ def test_soft_limit_comes_before_the_hard_one(
         assert both.delay().get(timeout=15) == "soft first"
 
 
-def test_call_limits_override_the_task_and_the_worker(
+def test_call_limits_lower_but_never_lift_the_task_and_the_worker(
     app: Celery, db: psycopg.Connection[Any], worker_factory: Any
 ) -> None:
     tasks = define_tasks(app)
     with worker_factory(pool="prefork", concurrency=2, time_limit=60.0) as worker:
         assert worker.time_limit == 60.0
-        limited = tasks["sleep"].apply_async((30,), time_limit=0.5)
-        relaxed = tasks["hard"].apply_async((1.0,), time_limit=10)
+        lowered = tasks["sleep"].apply_async((30,), time_limit=0.5)
+        lifted = tasks["hard"].apply_async((30,), time_limit=10)
         with pytest.raises(TimeLimitExceeded):
-            limited.get(timeout=15)
-        assert relaxed.get(timeout=15) == "finished"
-    assert row(db, limited.id)["headers"]["timelimit"] == [0.5, None]
-    assert row(db, relaxed.id)["headers"]["timelimit"] == [10.0, None]
+            lowered.get(timeout=15)
+        with pytest.raises(TimeLimitExceeded):
+            lifted.get(timeout=15)
+    assert row(db, lowered.id)["error"].startswith("TimeLimitExceeded: hard time limit (0.5s)")
+    assert row(db, lifted.id)["error"].startswith("TimeLimitExceeded: hard time limit (0.5s)")
+    # The call's own limits travel as Celery's header, as written.
+    assert row(db, lowered.id)["headers"]["timelimit"] == [0.5, None]
+    assert row(db, lifted.id)["headers"]["timelimit"] == [10.0, None]
 
 
 def test_worker_limits_apply_to_tasks_without_their_own(
@@ -220,15 +225,35 @@ class _Task:
     soft_time_limit: float | None = None
 
 
+NAN, INF = float("nan"), float("inf")
+
+
 @pytest.mark.parametrize(
     ("headers", "default_hard", "default_soft", "expected"),
     [
         ({}, None, None, (5.0, None)),
         ({}, 9.0, 2.0, (5.0, 2.0)),
+        # The task's own limit replaces the worker's, as in Celery, above it or below.
+        ({}, 1.0, None, (5.0, None)),
+        # A call lowers a limit ...
         ({"timelimit": [1.0, None]}, 9.0, 2.0, (1.0, 2.0)),
         ({"timelimit": [None, 0.5]}, None, None, (5.0, 0.5)),
+        ({"timelimit": [10.0, 1.0]}, 9.0, 2.0, (5.0, 1.0)),
+        # ... and never lifts one.
+        ({"timelimit": [1e6, 1e6]}, 9.0, 2.0, (5.0, 2.0)),
+        ({"timelimit": (1e6, 1e6)}, None, None, (5.0, 1e6)),
+        # What is not a pair of seconds or nulls asks for nothing.
         ({"timelimit": "junk"}, None, 3.0, (5.0, 3.0)),
         ({"timelimit": [0, -1]}, None, None, (5.0, None)),
+        ({"timelimit": [NAN, NAN]}, None, 3.0, (5.0, 3.0)),
+        ({"timelimit": [INF, INF]}, None, None, (5.0, None)),
+        ({"timelimit": [1e300, 1e300]}, None, None, (5.0, None)),
+        ({"timelimit": [10**400, -(10**400)]}, None, None, (5.0, None)),
+        ({"timelimit": ["1", "1"]}, None, None, (5.0, None)),
+        ({"timelimit": [True, True]}, None, None, (5.0, None)),
+        ({"timelimit": [1.0, 1.0, 1.0]}, None, None, (5.0, None)),
+        ({"timelimit": [[1.0], {"s": 1.0}]}, None, None, (5.0, None)),
+        ({"timelimit": 1.0}, None, None, (5.0, None)),
     ],
 )
 def test_resolve_order(
@@ -238,6 +263,31 @@ def test_resolve_order(
     expected: tuple[float | None, float | None],
 ) -> None:
     assert timelimits.resolve(headers, _Task(), default_hard, default_soft) == expected
+
+
+@pytest.mark.parametrize(
+    ("time_limit", "soft_time_limit"),
+    [
+        ("1e6", None),
+        (None, "soon"),
+        (NAN, None),
+        (INF, None),
+        (None, -1),
+        (True, None),
+        ([1, 2], None),
+    ],
+)
+def test_a_call_limit_that_is_not_seconds_is_refused(time_limit: Any, soft_time_limit: Any) -> None:
+    with pytest.raises((TypeError, ValueError), match="time_limit must be"):
+        timelimits.header(time_limit, soft_time_limit)
+
+
+def test_a_call_limit_is_written_as_celery_writes_it() -> None:
+    assert timelimits.header(None, None) is None
+    assert timelimits.header(1, None) == [1.0, None]
+    assert timelimits.header(None, 2.5) == [None, 2.5]
+    # Zero is Celery's "no limit of the call's own", which resolve() reads it as.
+    assert timelimits.header(0, 0) == [0.0, 0.0]
 
 
 class _Unlimited:
@@ -257,7 +307,12 @@ class _SoftOnly:
         (_Unlimited(), {}, 9.0, None, (9.0, None)),
         (_Unlimited(), {}, None, 2.0, (None, 2.0)),
         (_Unlimited(), {"timelimit": [1.0, 0.5]}, None, None, (1.0, 0.5)),
+        (_Unlimited(), {"timelimit": [30.0, 30.0]}, 9.0, 2.0, (9.0, 2.0)),
+        # Too long for a timer (setitimer would raise): no limit.
+        (_Unlimited(), {"timelimit": [1e300, 1e300]}, None, None, (None, None)),
+        (_Unlimited(), {}, 1e300, 1e300, (None, None)),
         (_SoftOnly(), {}, None, None, (None, 4.0)),
+        (_SoftOnly(), {"timelimit": [1.0, 10.0]}, None, None, (1.0, 4.0)),
     ],
 )
 def test_resolve_with_no_limit_on_the_task(
