@@ -37,6 +37,7 @@ CELERY_NAMES: dict[str, str] = {
     "task_time_limit": "task_time_limit",
     "task_soft_time_limit": "task_soft_time_limit",
     "worker_max_tasks_per_child": "max_tasks_per_child",
+    "worker_max_memory_per_child": "max_memory_per_child",
     "task_default_rate_limit": "default_rate_limit",
     "task_acks_late": "acks_late",
     "task_reject_on_worker_lost": "reject_on_worker_lost",
@@ -170,6 +171,12 @@ class Settings(BaseSettings):
     )
     max_tasks_per_child: int | None = Field(
         default=None, ge=1, description="Tasks a prefork child runs before it is replaced."
+    )
+    max_memory_per_child: int | None = Field(
+        default=None,
+        ge=0,
+        description="Resident memory in KiB a prefork child may reach: past it, the child is "
+        "replaced once its task's outcome is delivered (0 or None: no limit).",
     )
     max_payload_bytes: int = Field(default=10 * 1024 * 1024, gt=0)
     always_eager: bool = False

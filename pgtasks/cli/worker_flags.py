@@ -1,13 +1,14 @@
 """The ``celery worker`` flags that ``pgtasks worker`` accepts, so existing command lines keep
 working.
 
-Implemented: ``--time-limit``, ``--soft-time-limit``, ``--max-tasks-per-child`` (prefork),
-``--purge``/``--discard``, ``-X``/``--exclude-queues``, ``-I``/``--include``, ``-f``/``--logfile``,
-``--pidfile``, ``--umask``, and ``--autoscale MAX,MIN`` (runs MAX: the pool does not resize).
+Implemented: ``--time-limit``, ``--soft-time-limit``, ``--max-tasks-per-child`` and
+``--max-memory-per-child`` (prefork), ``--purge``/``--discard``, ``-X``/``--exclude-queues``,
+``-I``/``--include``, ``-f``/``--logfile``, ``--pidfile``, ``--umask``, and ``--autoscale
+MAX,MIN`` (runs MAX: the pool does not resize).
 ``-D``/``--detach`` is refused with a pointer to a process supervisor. The rest have no meaning
 without a message broker (events, gossip, mingle, state files) and are accepted, hidden from
-``--help``, and ignored; those a user might rely on (``--uid``/``--gid``,
-``--max-memory-per-child``) are named in a warning at start.
+``--help``, and ignored; those a user might rely on (``--uid``/``--gid``) are named in a warning
+at start.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ log = structlog.get_logger("pgtasks")
 _WARN_IGNORED = {
     "uid": "--uid (run the worker as the right user instead)",
     "gid": "--gid (run the worker as the right group instead)",
-    "max_memory_per_child": "--max-memory-per-child",
 }
 
 
@@ -56,6 +56,12 @@ _OPTIONS: list[Callable[[F], F]] = [
         help="Replace a prefork child after it ran this many tasks.",
     ),
     click.option(
+        "--max-memory-per-child",
+        type=click.IntRange(min=0),
+        help="Replace a prefork child once a task leaves its resident memory above this many "
+        "KiB; the task's outcome is kept (0: no limit).",
+    ),
+    click.option(
         "--purge", "--discard", "purge", is_flag=True, help="Delete waiting tasks before starting."
     ),
     click.option("-X", "--exclude-queues", help="Comma-separated queues not to consume."),
@@ -75,7 +81,6 @@ _OPTIONS: list[Callable[[F], F]] = [
     _hidden("-S", "--statedb"),
     _hidden("-s", "--schedule-filename", "--schedule", "schedule_filename"),
     _hidden("--scheduler"),
-    _hidden("--max-memory-per-child", type=int),
     _hidden("--uid"),
     _hidden("--gid"),
     _hidden("--executable"),
@@ -167,6 +172,7 @@ class CeleryWorkerFlags:
             "time_limit": self.values.get("time_limit"),
             "soft_time_limit": self.values.get("soft_time_limit"),
             "max_tasks_per_child": self.values.get("max_tasks_per_child"),
+            "max_memory_per_child": self.values.get("max_memory_per_child"),
         }
 
     @contextlib.contextmanager

@@ -2,7 +2,9 @@
 
 - ``prefork`` (default, Celery's): child processes forked from the worker, one task at a time
   each. A child that dies is replaced and its task reported as lost; one running past its task's
-  hard time limit is killed and replaced, and the task fails with ``TimeLimitExceeded``.
+  hard time limit is killed and replaced, and the task fails with ``TimeLimitExceeded``. One that
+  ran ``max_tasks_per_child`` tasks, or whose resident memory passed ``max_memory_per_child``
+  KiB, is replaced once its task's outcome is delivered.
 - ``threads``: a thread pool in the worker process (I/O-bound tasks, no per-task IPC).
 - ``solo``: one task at a time in the worker process.
 """
@@ -16,8 +18,10 @@ import inspect
 import os
 import pickle
 import queue
+import resource
 import selectors
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -519,15 +523,35 @@ def _recv_job(conn: mpc.Connection) -> Job | None:
     return None if data == _STOP else Job(*pickle.loads(data))
 
 
-def _send_outcome(conn: mpc.Connection, outcome: Outcome) -> None:
-    conn.send_bytes(pickle.dumps(_outcome_fields(outcome), _PROTOCOL))
+def _send_outcome(conn: mpc.Connection, outcome: Outcome, rss: int = 0) -> None:
+    """``rss``: the child's peak resident KiB where it passed its limit (else 0), sent along."""
+    values = _outcome_fields(outcome)
+    conn.send_bytes(pickle.dumps((*values, rss) if rss else values, _PROTOCOL))
 
 
-def _recv_outcome(conn: mpc.Connection) -> Outcome:
-    return Outcome(*pickle.loads(conn.recv_bytes()))
+def _recv_outcome(conn: mpc.Connection) -> tuple[Outcome, int]:
+    """An outcome, and the child's resident KiB where it passed its memory limit (else 0)."""
+    values = pickle.loads(conn.recv_bytes())
+    if len(values) == _OUTCOME_LENGTH:
+        return Outcome(*values), 0
+    return Outcome(*values[:-1]), values[-1]
 
 
-def _child_main(app: Celery, conn: mpc.Connection) -> None:
+_OUTCOME_LENGTH = len(fields(Outcome))
+# getrusage() gives ru_maxrss in bytes on macOS and the BSDs, in KiB elsewhere (billiard's
+# mem_rss reads it the same way).
+_MAXRSS_IN_BYTES = sys.platform == "darwin" or "bsd" in sys.platform
+
+
+def peak_rss_kib() -> int:
+    """This process's peak resident memory in KiB, as Celery's prefork pool measures it
+    (``getrusage``'s ``ru_maxrss``): a child that once grew past its limit is replaced even
+    where the allocator kept the memory but no longer uses it, and a fork starts it afresh."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak // 1024 if _MAXRSS_IN_BYTES else peak
+
+
+def _child_main(app: Celery, conn: mpc.Connection, max_memory: int | None) -> None:
     """A prefork child: run jobs from the pipe until told to stop or the parent goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -535,13 +559,13 @@ def _child_main(app: Celery, conn: mpc.Connection) -> None:
     signals.worker_process_init.send(sender=None)
     try:
         with task_module.event_loop_per_thread():
-            _run_jobs(app, conn)
+            _run_jobs(app, conn, max_memory)
     finally:
         signals.worker_process_shutdown.send(sender=None, pid=os.getpid(), exitcode=0)
         os._exit(0)
 
 
-def _run_jobs(app: Celery, conn: mpc.Connection) -> None:
+def _run_jobs(app: Celery, conn: mpc.Connection, max_memory: int | None) -> None:
     while True:
         try:
             job = _recv_job(conn)
@@ -550,8 +574,14 @@ def _run_jobs(app: Celery, conn: mpc.Connection) -> None:
         if job is None:
             return
         outcome = execute(app, job)
+        # Measured here rather than in the parent, which cannot read a child's usage cheaply;
+        # the parent retires the child before it could send it another job.
+        over = 0
+        if max_memory:
+            rss = peak_rss_kib()
+            over = rss if rss > max_memory else 0
         try:
-            _send_outcome(conn, outcome)
+            _send_outcome(conn, outcome, over)
         except (BrokenPipeError, OSError):
             return
 
@@ -567,10 +597,19 @@ class PreforkPool(_QueueAhead):
     name = "prefork"
 
     def __init__(
-        self, app: Celery, concurrency: int, max_tasks_per_child: int | None = None
+        self,
+        app: Celery,
+        concurrency: int,
+        max_tasks_per_child: int | None = None,
+        *,
+        max_memory_per_child: int | None = None,
+        worker_id: str | None = None,
     ) -> None:
         super().__init__(app, concurrency)
         self.max_tasks_per_child = max_tasks_per_child or None
+        #: KiB of resident memory past which a child is replaced after its task (Celery's).
+        self.max_memory_per_child = max_memory_per_child or None
+        self.worker_id = worker_id
         self._ctx = get_context("fork")
         self._children: list[_Child] = []
         self._stopping = False
@@ -579,7 +618,10 @@ class PreforkPool(_QueueAhead):
     def _spawn(self) -> _Child:
         parent, child = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(
-            target=_child_main, args=(self.app, child), daemon=True, name="pgtasks-child"
+            target=_child_main,
+            args=(self.app, child, self.max_memory_per_child),
+            daemon=True,
+            name="pgtasks-child",
         )
         process.start()
         child.close()
@@ -668,10 +710,10 @@ class PreforkPool(_QueueAhead):
                     kind, child = key.data
                     if kind == "conn":
                         try:
-                            outcome = _recv_outcome(child.conn)
+                            outcome, rss = _recv_outcome(child.conn)
                         except (EOFError, OSError):
                             continue  # the sentinel reports the death
-                        retired = self._recycle(child)
+                        retired = self._recycle(child, rss)
                         self._finish(child, outcome)
                         if retired:
                             self._retire(child)
@@ -700,18 +742,33 @@ class PreforkPool(_QueueAhead):
             with contextlib.suppress(OSError):
                 child.process.kill()
 
-    def _recycle(self, child: _Child) -> bool:
-        """Count a finished task; past ``max_tasks_per_child`` swap in a fresh child (before the
-        slot is freed, so the worker never hands the retiring child another job)."""
-        if not self.max_tasks_per_child:
+    def _recycle(self, child: _Child, rss: int) -> bool:
+        """Count a finished task; past ``max_tasks_per_child``, or with ``rss`` (the child's
+        resident KiB, given only past ``max_memory_per_child``), swap in a fresh child (before
+        the slot is freed, so the worker never hands the retiring child another job)."""
+        if not self.max_tasks_per_child and not rss:
             return False
         with self._lock:
             child.tasks += 1
-            if child.tasks < self.max_tasks_per_child or child not in self._children:
+            if child not in self._children or not (
+                rss or (self.max_tasks_per_child and child.tasks >= self.max_tasks_per_child)
+            ):
                 return False
             self._children.remove(child)
             if not self._stopping:
                 self._children.append(self._spawn())
+        if rss:
+            job = child.job
+            log.warning(
+                "pool.child_memory_exceeded",
+                worker_id=self.worker_id,
+                pid=child.process.pid,
+                rss_kib=rss,
+                limit_kib=self.max_memory_per_child,
+                task_id=job.id if job else None,
+                task_name=job.name if job else None,
+                action="child process replaced after its task",
+            )
         return True
 
     def _retire(self, child: _Child) -> None:
@@ -735,7 +792,7 @@ class PreforkPool(_QueueAhead):
         try:
             # An outcome sent just before the child exited is still in the pipe.
             if child.job is not None and child.conn.poll(0):
-                self._finish(child, _recv_outcome(child.conn))
+                self._finish(child, _recv_outcome(child.conn)[0])
         except (EOFError, OSError):
             pass
         job = child.job
@@ -815,12 +872,44 @@ POOLS: dict[str, type[Pool]] = {
 
 
 def create(
-    name: str, app: Celery, concurrency: int, max_tasks_per_child: int | None = None
+    name: str,
+    app: Celery,
+    concurrency: int,
+    max_tasks_per_child: int | None = None,
+    *,
+    max_memory_per_child: int | None = None,
+    worker_id: str | None = None,
 ) -> Pool:
-    """The pool called ``name``; ``max_tasks_per_child`` applies to prefork only."""
+    """The pool called ``name``. ``max_tasks_per_child`` and ``max_memory_per_child`` apply to
+    prefork only: the other pools run tasks in the worker's own process, which nothing replaces
+    (Celery's threads and solo pools ignore them too); given there, a warning says so."""
     if name == PreforkPool.name:
-        return PreforkPool(app, concurrency, max_tasks_per_child)
+        return PreforkPool(
+            app,
+            concurrency,
+            max_tasks_per_child,
+            max_memory_per_child=max_memory_per_child,
+            worker_id=worker_id,
+        )
     try:
-        return POOLS[name](app, concurrency)
+        kind = POOLS[name]
     except KeyError:
         raise ValueError(f"unknown pool {name!r}; choose one of {', '.join(POOLS)}") from None
+    ignored = {
+        option: value
+        for option, value in (
+            ("max_tasks_per_child", max_tasks_per_child),
+            ("max_memory_per_child", max_memory_per_child),
+        )
+        if value
+    }
+    if ignored:
+        log.warning(
+            "worker.child_limits_unenforced",
+            worker_id=worker_id,
+            pool=name,
+            **ignored,
+            hint="only the prefork pool replaces its child processes; this pool runs tasks "
+            "in the worker's own process",
+        )
+    return kind(app, concurrency)

@@ -104,6 +104,7 @@ class Worker:
         time_limit: float | None = None,
         soft_time_limit: float | None = None,
         max_tasks_per_child: int | None = None,
+        max_memory_per_child: int | None = None,
         beat: bool = False,
         metrics_port: int | None = None,
         freeze_gc: bool = False,
@@ -138,6 +139,10 @@ class Worker:
         self.time_limit = time_limit or s.task_time_limit
         self.soft_time_limit = soft_time_limit or s.task_soft_time_limit
         self.max_tasks_per_child = max_tasks_per_child or s.max_tasks_per_child
+        #: KiB (Celery's unit); None given here means the setting's, 0 no limit (as Celery's).
+        self.max_memory_per_child = (
+            s.max_memory_per_child if max_memory_per_child is None else max_memory_per_child
+        )
         multiplier = prefetch_multiplier or s.prefetch_multiplier
         # Rows claimed beyond the free slots wait here, leases renewed, until a slot frees up.
         # A fixed multiplier sets the buffer; by default it is sized to hold about
@@ -211,7 +216,14 @@ class Worker:
         # worker_init receivers may have configured logging.
         self._read_levels()
         self.metrics = create_metrics(self.id, broker, self.metrics_port, self.lease)
-        self.pool = create_pool(self.pool_name, app, self.concurrency, self.max_tasks_per_child)
+        self.pool = create_pool(
+            self.pool_name,
+            app,
+            self.concurrency,
+            self.max_tasks_per_child,
+            max_memory_per_child=self.max_memory_per_child,
+            worker_id=self.id,
+        )
         self.pool.on_start = self._started
         self._warn_unenforced_limits()
         self._warn_autovacuum_off()

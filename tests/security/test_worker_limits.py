@@ -25,9 +25,10 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
+from structlog.testing import capture_logs
 
 from pgtasks import Celery, grants
-from pgtasks.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
+from pgtasks.exceptions import ImproperlyConfigured, SoftTimeLimitExceeded, TimeLimitExceeded
 from tests.apps.harness import task_row
 
 SOFT_STOP = "stopped at the soft limit"
@@ -266,3 +267,89 @@ def test_apply_async_refuses_limits_that_are_not_seconds(
     with pytest.raises((TypeError, ValueError), match=option):
         t["bounded"].apply_async((1,), **limits)
     assert db.execute("SELECT count(*) FROM tasks").fetchone() == (0,)
+
+
+# -- max_memory_per_child --------------------------------------------------------------------
+
+
+def memory_warnings(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in logs if e["event"] == "pool.child_memory_exceeded"]
+
+
+def test_a_child_past_its_memory_limit_is_replaced_after_its_task(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: Any
+) -> None:
+    t = define_tasks(app)
+    limit = rss_kib() + MARGIN_KIB
+    with (
+        capture_logs() as logs,
+        worker_factory(pool="prefork", concurrency=1, max_memory_per_child=limit) as worker,
+    ):
+        # One at a time: rows sent together may start in any order.
+        first = t["pid"].delay().get(timeout=10)
+        assert t["pid"].delay().get(timeout=10) == first, "a child under the limit is kept"
+        big = t["hog"].delay(limit + MARGIN_KIB)
+        assert big.get(timeout=30) == first, "the task's outcome is delivered"
+        after = [t["pid"].delay().get(timeout=10) for _ in range(3)]
+    assert after[0] == after[1] == after[2] != first, (first, after)
+    assert task_row(db, big.id)["status"] == "COMPLETED"
+    [warning] = memory_warnings(logs)
+    assert warning["log_level"] == "warning"
+    assert (warning["worker_id"], warning["pid"]) == (worker.id, first)
+    assert (warning["task_id"], warning["limit_kib"]) == (big.id, limit)
+    assert warning["rss_kib"] > limit
+
+
+def test_the_memory_limit_setting_composes_with_max_tasks_per_child(
+    app: Celery, worker_factory: Any
+) -> None:
+    t = define_tasks(app)
+    limit = rss_kib() + MARGIN_KIB
+    app.conf["worker_max_memory_per_child"] = limit  # Celery's name for the setting
+    with worker_factory(pool="prefork", concurrency=1, max_tasks_per_child=3) as worker:
+        assert worker.max_memory_per_child == limit
+        pids = [
+            t["pid"].delay().get(timeout=10),
+            t["hog"].delay(limit + MARGIN_KIB).get(timeout=30),
+        ]
+        pids += [t["pid"].delay().get(timeout=10) for _ in range(4)]
+    # Replaced for its memory after two tasks, then for its count after three.
+    assert pids[0] == pids[1] != pids[2] == pids[3] == pids[4] != pids[5], pids
+    assert os.getpid() not in pids
+
+
+def test_the_memory_limit_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PGTASKS_MAX_MEMORY_PER_CHILD", "200000")
+    app = Celery("env", broker="postgresql://unused@localhost/unused", set_as_current=False)
+    app.conf["worker_max_memory_per_child"] = 5  # the environment wins over code
+    assert app.settings.max_memory_per_child == 200000
+    monkeypatch.setenv("PGTASKS_MAX_MEMORY_PER_CHILD", "-1")
+    bad = Celery("env", broker="postgresql://unused@localhost/unused", set_as_current=False)
+    with pytest.raises(ImproperlyConfigured, match="max_memory_per_child"):
+        _ = bad.settings
+
+
+@pytest.mark.parametrize("pool", ["threads", "solo", "asyncio"])
+def test_pools_without_children_say_the_memory_limit_does_not_apply(
+    app: Celery, worker_factory: Any, pool: str
+) -> None:
+    t = define_tasks(app)
+    with (
+        capture_logs() as logs,
+        worker_factory(pool=pool, concurrency=1, max_memory_per_child=100_000) as worker,
+    ):
+        assert t["pid"].delay().get(timeout=10) == os.getpid()
+    [warning] = [e for e in logs if e["event"] == "worker.child_limits_unenforced"]
+    assert (warning["worker_id"], warning["pool"]) == (worker.id, pool)
+    assert warning["max_memory_per_child"] == 100_000
+
+
+def test_a_prefork_worker_without_a_memory_limit_keeps_its_child(
+    app: Celery, worker_factory: Any
+) -> None:
+    t = define_tasks(app)
+    with capture_logs() as logs, worker_factory(pool="prefork", concurrency=1):
+        first = t["pid"].delay().get(timeout=10)
+        assert t["hog"].delay(MARGIN_KIB).get(timeout=30) == first
+        assert t["pid"].delay().get(timeout=10) == first
+    assert memory_warnings(logs) == []

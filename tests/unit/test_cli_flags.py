@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 import pytest
+from structlog.testing import capture_logs
 
 from pgtasks.cli import commands, control
 from pgtasks.cli.main import cli
@@ -193,12 +194,30 @@ def test_exclude_queues() -> None:
 
 
 def test_worker_options() -> None:
-    flags = CeleryWorkerFlags(time_limit=3.0, soft_time_limit=1.0, max_tasks_per_child=5)
+    flags = CeleryWorkerFlags(
+        time_limit=3.0, soft_time_limit=1.0, max_tasks_per_child=5, max_memory_per_child=200_000
+    )
     assert flags.worker_options() == {
         "time_limit": 3.0,
         "soft_time_limit": 1.0,
         "max_tasks_per_child": 5,
+        "max_memory_per_child": 200_000,
     }
+
+
+def test_max_memory_per_child_is_a_flag_of_its_own() -> None:
+    ctx = commands.worker.make_context("worker", [], parent=click.Context(cli))
+    assert "--max-memory-per-child" in commands.worker.get_help(ctx)
+    assert parse(commands.worker, ["--max-memory-per-child", "0"])["max_memory_per_child"] == 0
+    with pytest.raises(click.BadParameter):
+        parse(commands.worker, ["--max-memory-per-child", "-5"])
+    # Enforced now, so no longer named among the flags that are ignored.
+    with (
+        capture_logs() as logs,
+        CeleryWorkerFlags(max_memory_per_child=1000).session(None, None, False, None),
+    ):
+        pass
+    assert [e for e in logs if e["event"] == "worker.flags_ignored"] == []
 
 
 def test_node_format() -> None:

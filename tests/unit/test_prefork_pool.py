@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import threading
 import time
@@ -57,7 +58,21 @@ def make_app() -> Celery:
         time.sleep(pause)
         return os.getpid()
 
+    @app.task(name="pool.hog")
+    def hog(kib: int) -> int:
+        block = bytearray(kib * 1024)
+        page = resource.getpagesize()
+        block[::page] = b"\x01" * len(range(0, len(block), page))  # every page resident
+        del block
+        return os.getpid()
+
     return app
+
+
+def rss_kib() -> int:
+    """This process's resident memory now: at most what a child forked from it starts with."""
+    with open("/proc/self/statm", encoding="ascii") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize() // 1024
 
 
 class Collector:
@@ -75,9 +90,9 @@ class Collector:
 
 
 @contextlib.contextmanager
-def running(concurrency: int) -> Iterator[PreforkPool]:
+def running(concurrency: int, **options: Any) -> Iterator[PreforkPool]:
     """A started prefork pool of ``concurrency`` children, stopped (warm) at the end."""
-    pool = PreforkPool(make_app(), concurrency=concurrency)
+    pool = PreforkPool(make_app(), concurrency=concurrency, **options)
     pool.start()
     try:
         yield pool
@@ -202,9 +217,41 @@ def test_jobs_and_outcomes_cross_the_pipe_whole() -> None:
         _send_job(parent, sent)
         assert _recv_job(child) == sent
         _send_outcome(child, outcome)
-        assert _recv_outcome(parent) == outcome
+        assert _recv_outcome(parent) == (outcome, 0)
+        # A child past its memory limit says so with the outcome (its resident KiB).
+        _send_outcome(child, outcome, 123_456)
+        assert _recv_outcome(parent) == (outcome, 123_456)
         parent.send_bytes(_STOP)
         assert _recv_job(child) is None
     finally:
         parent.close()
         child.close()
+
+
+def test_a_child_past_its_memory_limit_is_replaced_and_no_queued_job_is_lost() -> None:
+    limit = rss_kib() + 64 * 1024
+    with running(concurrency=1, max_memory_per_child=limit) as pool:
+        done = Collector(6)
+        # Taken at once: the jobs after the hog wait in the pool as it runs.
+        pool.submit(job("pool.pid", 0), done)
+        pool.submit(job("pool.hog", 1, limit + 64 * 1024), done)
+        for i in range(2, 6):
+            pool.submit(job("pool.pid", i), done)
+        assert done.all_in.wait(60), [o.id for o in done.outcomes]
+        assert pool.busy() == 0 and pool.waiting() == 0
+    assert {o.kind for o in done.outcomes} == {SUCCESS}
+    pids = {o.id: int(o.result.data) for o in done.outcomes if o.result is not None}
+    assert pids["job-0"] == pids["job-1"], "the hog ran in the first child and was delivered"
+    assert {pids[f"job-{i}"] for i in range(2, 6)} - {pids["job-0"]}, pids
+    assert len({pids[f"job-{i}"] for i in range(2, 6)}) == 1, "one fresh child, kept"
+
+
+def test_a_child_under_its_memory_limit_is_kept() -> None:
+    with running(concurrency=1, max_memory_per_child=rss_kib() + 256 * 1024) as pool:
+        done = Collector(4)
+        pool.submit(job("pool.pid", 0), done)
+        pool.submit(job("pool.hog", 1, 16 * 1024), done)
+        for i in range(2, 4):
+            pool.submit(job("pool.pid", i), done)
+        assert done.all_in.wait(30), [o.id for o in done.outcomes]
+    assert len({int(o.result.data) for o in done.outcomes if o.result is not None}) == 1
