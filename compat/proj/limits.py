@@ -22,6 +22,12 @@ def hard_limited():
     return "finished"
 
 
+@app.task(time_limit=1.5)
+def bounded_sleep(seconds):
+    time.sleep(seconds)
+    return "finished"
+
+
 @app.task
 def limit_ping():
     return "pong"
