@@ -147,7 +147,9 @@ def _seconds(option: str, value: Any) -> float | None:
     except OverflowError:
         seconds = math.inf
     if not 0 <= seconds < math.inf:
-        raise ValueError(f"{option} must be a finite number of seconds, at least 0, not {value}")
+        raise ValueError(
+            f"{option} must be a finite number of seconds, at least 0, not {reprlib.repr(value)}"
+        )
     return seconds
 
 

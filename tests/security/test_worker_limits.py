@@ -203,12 +203,16 @@ def test_a_producer_cannot_lift_a_task_limit_by_apply_async_or_by_sql(
         hard_limit_failed(db, task_id, "0.5s")
 
 
-#: ``timelimit`` headers a row may carry (JSON text): none lifts a limit, none stops a worker.
-JUNK_TIMELIMITS = {
+#: Pairs of seconds, longer than the limits (some longer than a timer or a float can hold).
+LONG_PAIRS = {
     "a pair far above the limits": "[1e6, 1e6]",
     "a pair too long for a timer": "[1e300, 1e300]",
     "a pair past a float": "[1e400, 1e400]",
     "a pair of integers past a float": f"[{10**400}, {10**400}]",
+}
+#: ``timelimit`` headers a row may carry (JSON text): none lifts a limit, none stops a worker.
+JUNK_TIMELIMITS = {
+    **LONG_PAIRS,
     "numeric strings": '["1e6", "1e6"]',
     "NaN and infinity as strings": '["NaN", "Infinity"]',
     "one string": '"1e6"',
@@ -234,7 +238,7 @@ def test_junk_timelimit_headers_neither_lift_a_limit_nor_stop_the_worker(
             insert_row(db, "lim.soft_bounded", [30], headers),
             insert_row(db, "lim.pid", [], headers),
         )
-    with worker_factory(pool="prefork", concurrency=4):
+    with capture_logs() as logs, worker_factory(pool="prefork", concurrency=4):
         for case, (hard, soft, plain) in rows.items():
             with pytest.raises(TimeLimitExceeded):
                 app.AsyncResult(hard).get(timeout=10)
@@ -244,6 +248,10 @@ def test_junk_timelimit_headers_neither_lift_a_limit_nor_stop_the_worker(
         assert t["pid"].delay().get(timeout=10) != os.getpid()
     for hard, _, _ in rows.values():
         hard_limit_failed(db, hard, "0.5s")
+    # Each header that is no pair of seconds or nulls is named in a warning, for each task.
+    ignored = [e for e in logs if e["event"] == "task.time_limit_ignored"]
+    assert {e["task_name"] for e in ignored} == {"lim.bounded", "lim.soft_bounded", "lim.pid"}
+    assert len({e["timelimit"] for e in ignored}) == len(JUNK_TIMELIMITS) - len(LONG_PAIRS)
 
 
 @pytest.mark.parametrize(
