@@ -1489,9 +1489,9 @@ class Broker:
     ) -> None:
         """Mark ``worker`` waiting for the next ``seconds`` (database clock): enqueues of due
         tasks to ``queues`` notify it, and where ``handoff``, single enqueues to ``queues``
-        hand it a task directly, the row written RUNNING under ``lease`` and sent on
-        ``handoff_channel`` (which the worker must be listening on); ``skip_names`` are
-        claimed the usual way only. Single enqueues that looked for a waiting worker before
+        name their row to it alone on ``handoff_channel`` (which the worker must be listening
+        on; it then claims that row, see claim_handed); ``skip_names`` are claimed the usual
+        way only. Single enqueues that looked for a waiting worker before
         this and found none have committed when it returns: a claim after it sees them."""
         params = {
             "worker": worker,

@@ -1,11 +1,12 @@
 """LISTEN/NOTIFY as a wake-up hint: a new due task wakes an idle worker within milliseconds,
 a revoke reaches the worker running the task as soon as it commits, and a task handed to a
-parked worker (see pgtasks.broker.Broker.park) reaches it with its row.
+parked worker (see pgtasks.broker.Broker.park) is named to it by its id.
 
-Wake-ups and revokes are only hints: the worker polls anyway (``poll_interval``) and learns of
-revokes from its lease renewals, so a lost notification or a dropped listening connection costs
-latency, never a task. A hand-off missed while the connection was down is found when it is back
-(``on_listening``). Reconnects with backoff.
+Every notification is only a hint, which any role that can connect may send: a wake-up makes
+the worker claim, a hand-off makes it claim the rows named, a revoke makes it read the row it
+runs; nothing runs, stops or is cancelled unless the database says so. The worker polls anyway
+(``poll_interval``) and learns of revokes from its lease renewals, so a lost notification or a
+dropped listening connection costs latency, never a task. Reconnects with backoff.
 
 With ``runs_tasks``, the listener has two threads that take turns: one listens while the other
 stands by. A handed-off task that may run at once (see ThreadPool.run_here) runs on the thread
