@@ -1543,7 +1543,11 @@ class Broker:
             "rate_names": list(rates or ()),
             "rate_every": list((rates or {}).values()),
         }
-        rows: list[Any] = self._all("claim_handed", params, conn, row_factory=_CLAIMED_ROWS)
+        # The plain claim leaves rows of rate-limited tasks alone, and says when a row under a
+        # concurrency limit needs the full one.
+        rows: list[Any] = self._all("claim_handed_plain", params, conn, row_factory=_CLAIMED_ROWS)
+        if rows and rows[0].set_aside == LIMITED:
+            rows = self._all("claim_handed", params, conn, row_factory=_CLAIMED_ROWS)
         claimed = [row for row in rows if row.set_aside is None]
         claimed.sort(key=_claim_order)
         return claimed

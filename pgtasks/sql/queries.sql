@@ -223,27 +223,27 @@ RETURNING id, name, status, source
 -- NULL): the caller then claims with claim_batch, which decides that row's limit. The caller
 -- passes its limit as %(scan)s: the plain claim reads no further than it starts.
 -- insert: claim_due
-), plain AS (
-    SELECT NOT EXISTS (SELECT FROM due WHERE limit_key IS NOT NULL) AS ok
-), claimed AS (
-    UPDATE {schema}.tasks AS t
-       SET status = 'RUNNING', claimed_by = %(worker)s,
-           -- A row edited by hand to the integer's top must not fail every claim of its queue.
-           attempt = LEAST(t.attempt, 2147483646) + 1,
-           lease_until = now() + make_interval(secs => %(lease)s::float8),
-           updated_at = now()
-     -- By primary key, as claim_batch finds them.
-     WHERE t.id = ANY(ARRAY(SELECT id FROM due)) AND (SELECT ok FROM plain)
-    RETURNING
--- insert: claimed_columns
-              NULL::text AS set_aside
-)
-SELECT * FROM claimed
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, 'LIMITED'
-  FROM plain
- WHERE NOT ok
+-- insert: claim_unlimited
+
+-- name: claim_handed_plain
+-- claim_handed as claim_plain claims: the rows a hand-off named that are PENDING, due and of
+-- this worker's queues, unless their task is rate-limited on this worker (those are left for
+-- the worker's usual claims, which decide rate limits; a producer never hands them off, so only
+-- a forged notification names them) or one of them is under a concurrency limit ('LIMITED':
+-- the caller then claims with claim_handed).
+WITH due AS (
+-- insert: due_columns
+      FROM (
+-- insert: due_row
+               AND id = ANY(%(ids)s::text[])
+               AND queue = ANY(%(queues)s::text[])
+               AND name <> ALL(%(rate_names)s::text[])
+               AND run_at <= now()
+             ORDER BY priority DESC, run_at, created_at
+             LIMIT %(scan)s
+               FOR UPDATE SKIP LOCKED
+           ) AS c
+-- insert: claim_unlimited
 
 -- name: claim_handed
 -- claim_batch for the rows a hand-off named (see insert_task_handoff): the same checks as any
@@ -1429,6 +1429,31 @@ WITH due AS (
        t.headers, t.run_at, t.expires_at,
        (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
        t.created_at, t.requeued_attempt,
+
+-- fragment: claim_unlimited
+-- The end of claim_plain and claim_handed_plain, from their CTE "due": the update, unless a
+-- picked row is under a concurrency limit ('LIMITED').
+), plain AS (
+    SELECT NOT EXISTS (SELECT FROM due WHERE limit_key IS NOT NULL) AS ok
+), claimed AS (
+    UPDATE {schema}.tasks AS t
+       SET status = 'RUNNING', claimed_by = %(worker)s,
+           -- A row edited by hand to the integer's top must not fail every claim of its queue.
+           attempt = LEAST(t.attempt, 2147483646) + 1,
+           lease_until = now() + make_interval(secs => %(lease)s::float8),
+           updated_at = now()
+     -- By primary key, as claim_batch finds them.
+     WHERE t.id = ANY(ARRAY(SELECT id FROM due)) AND (SELECT ok FROM plain)
+    RETURNING
+-- insert: claimed_columns
+              NULL::text AS set_aside
+)
+SELECT * FROM claimed
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL, 'LIMITED'
+  FROM plain
+ WHERE NOT ok
 
 -- fragment: claim_limited
 -- The end of both claims, from their CTE "due" (the rows picked, in claim order, with their

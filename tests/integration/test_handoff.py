@@ -97,6 +97,26 @@ def test_a_large_row_is_named_the_same_way(
     assert row.id == sent.id and row.attempt == 1 and "x" * 10_000 in (row.payload or "")
 
 
+def test_the_claim_of_a_handed_row_decides_limits_like_any_claim(
+    app: Celery, db: psycopg.Connection[Any]
+) -> None:
+    """A notification may name any row: the worker's claim of it still leaves a row of a task
+    it rate-limits to its usual claims, holds a row to its concurrency limit, and takes only
+    rows of its queues."""
+    rated = app.send_task("handoff.rated")
+    assert (
+        app.broker.claim_handed("w", [rated.id], ["celery"], 30.0, rates={"handoff.rated": 60})
+        == []
+    )
+    assert status(db, rated.id) == "PENDING"
+    limit = {"concurrency_key": "k", "concurrency_limit": 1}
+    first, second = (app.send_task("handoff.limited", headers=limit) for _ in range(2))
+    elsewhere = app.send_task("handoff.any", queue="other")
+    claimed = app.broker.claim_handed("w", [first.id, second.id, elsewhere.id], ["celery"], 30.0)
+    assert [row.id for row in claimed] == [first.id]
+    assert (status(db, second.id), status(db, elsewhere.id)) == ("BLOCKED", "PENDING")
+
+
 @pytest.mark.parametrize(
     ("case", "park", "send"),
     [
