@@ -160,23 +160,83 @@ def decode(
     content_encoding: str,
     accept: Iterable[str] | None,
 ) -> Any:
-    """Deserialize; raises ``ContentDisallowed`` for a type not accepted, ``DecodeError`` else."""
+    """Deserialize; raises ``ContentDisallowed`` for a content type not in ``accept`` or a
+    content encoding other than UTF-8 and binary, ``DecodeError`` for data that does not read.
+
+    Unlike kombu, no content type is trusted without being accepted: kombu reads
+    ``application/data`` and ``application/text`` (and a missing type) whatever ``accept`` says,
+    running ``codecs.decode`` with the message's content encoding, which may name a
+    decompressor (``bz2_codec``: a few kilobytes become gigabytes). A row's every column can be
+    written by anyone who may insert one, so only the accepted content types and the encodings
+    kombu itself writes are read. ``accept`` None (a value this process just encoded) leaves the
+    content type to kombu's registry of disabled types.
+    """
     allowed = None if accept is None else _allowed(tuple(accept))
-    fast = content_type == JSON and data and allowed is not None and JSON in allowed
+    fast = (
+        content_type == JSON
+        and content_encoding == "utf-8"
+        and data
+        and allowed is not None
+        and JSON in allowed
+    )
     if fast and _kombu_json_codec():
         try:
             text = data if isinstance(data, str) else bytes(data).decode("utf-8")
             return _JSON_DECODE(text)
         except Exception as exc:
-            raise DecodeError(str(exc)) from exc
+            raise unreadable_error(exc) from exc
+    kind = content_type or "application/data"  # as kombu reads a missing content type
+    if allowed is not None and kind not in allowed:
+        raise ContentDisallowed(f"Refusing to deserialize untrusted content of type {_alias(kind)}")
+    encoding = (content_encoding or "").lower()
+    if encoding not in ENCODINGS and not _registered_encoding(kind, encoding):
+        raise ContentDisallowed(
+            f"content encoding {content_encoding!r} is not accepted (only utf-8 and binary are)"
+        )
     try:
         return serialization.loads(  # type: ignore[no-untyped-call]
-            data, content_type, content_encoding, accept=allowed
+            data, kind, encoding, accept=allowed
         )
-    except (ContentDisallowed, DecodeError):
+    except (ContentDisallowed, DecodeError) as exc:
+        # kombu wraps its codec's error, as the DecodeError's argument.
+        cause = exc.args[0] if exc.args else None
+        if isinstance(cause, RecursionError):
+            raise unreadable_error(cause) from exc
         raise
     except Exception as exc:
-        raise DecodeError(str(exc)) from exc
+        raise unreadable_error(exc) from exc
+
+
+#: The content encodings a stored value may name: those kombu's own serializers write (text as
+#: UTF-8, bytes as they are: ``binary``, and ``ascii-8bit``, which kombu reads as binary), in
+#: any case. kombu hands any other name to ``codecs.decode`` for a content type without a
+#: decoder of its own; only a serializer an application registered with an encoding of its own
+#: adds that encoding, for its content type (see _registered_encoding).
+ENCODINGS = frozenset({"utf-8", "utf8", "binary", "ascii-8bit"})
+
+
+def _registered_encoding(content_type: str, encoding: str) -> bool:
+    """Whether ``encoding`` is the one a serializer registered with kombu writes for
+    ``content_type``, which has a decoder (the decoder reads the bytes; codecs never run)."""
+    registry = serialization.registry
+    if content_type not in registry._decoders:
+        return False
+    codec = registry._encoders.get(registry.type_to_name.get(content_type))
+    return codec is not None and (codec.content_encoding or "").lower() == encoding
+
+
+def _alias(content_type: str) -> str:
+    """A content type as kombu names it in its refusals: ``json (application/json)``."""
+    name = serialization.registry.type_to_name.get(content_type)
+    return f"{name} ({content_type})" if name else content_type
+
+
+def unreadable_error(exc: BaseException) -> DecodeError:
+    """The ``DecodeError`` for a value that did not read, saying why in plain words where the
+    reader's own message would not (a document nested deeper than the reader recurses)."""
+    if isinstance(exc, RecursionError):
+        return DecodeError(f"nested too deeply to read ({exc})")
+    return DecodeError(str(exc))
 
 
 def _kombu_json_codec() -> bool:
@@ -212,6 +272,7 @@ def find_unencodable(args: Iterable[Any], kwargs: dict[str, Any], serializer: st
 
 
 __all__ = [
+    "ENCODINGS",
     "JSON",
     "ContentDisallowed",
     "DecodeError",
@@ -220,4 +281,5 @@ __all__ = [
     "decode",
     "encode",
     "find_unencodable",
+    "unreadable_error",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bz2
 import json
 import pickle
 import uuid
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kombu import serialization
 from kombu.utils import json as kombu_json
 
 from pgtasks.serialization import (
@@ -233,3 +235,67 @@ def test_encoded_columns() -> None:
     assert (json_body.json_text, json_body.raw) == ("[[], {}]", None)
     raw_body = Encoded("application/x-msgpack", "binary", b"\x92\x90\x80")
     assert (raw_body.json_text, raw_body.raw) == (None, b"\x92\x90\x80")
+
+
+# -- what a row holds is written by whoever may insert one -------------------------------------
+
+#: 20 MB of zeros in about 50 bytes.
+BOMB = bz2.compress(b"\0" * 20_000_000)
+
+
+@pytest.mark.parametrize("content_type", ["application/data", "application/text", ""])
+def test_kombus_trusted_content_types_are_refused_unless_accepted(content_type: str) -> None:
+    # kombu reads these (and a missing type, as application/data) whatever accept says, and
+    # runs codecs.decode on them with the stored encoding: a decompression bomb.
+    with pytest.raises(ContentDisallowed, match=r"application/(data|text)"):
+        decode(BOMB, content_type, "bz2_codec", accept=["json"])
+
+
+@pytest.mark.parametrize(
+    "encoding", ["bz2_codec", "zlib_codec", "base64_codec", "hex", "rot13", "utf-16", "", "x"]
+)
+def test_only_utf8_and_binary_encodings_are_read(encoding: str) -> None:
+    refused = f"content encoding {encoding!r} is not accepted"
+    with pytest.raises(ContentDisallowed, match=refused):
+        decode(BOMB, "application/data", encoding, accept=["json", "application/data"])
+    with pytest.raises(ContentDisallowed, match=refused):
+        decode(b"[[1], {}]", JSON, encoding, accept=["json"])
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "UTF-8", "utf8", "binary", "ascii-8bit"])
+def test_the_encodings_kombu_writes_read_in_any_case(encoding: str) -> None:
+    assert decode(b"[[1], {}]", JSON, encoding, accept=["json"]) == [[1], {}]
+    data = decode(b"\x00raw", "application/data", encoding, accept=["application/data"])
+    assert data == (b"\x00raw" if encoding.lower() in ("binary", "ascii-8bit") else "\x00raw")
+
+
+def test_a_serializer_registered_with_an_encoding_of_its_own_still_reads() -> None:
+    serialization.register(
+        "ascii-json",
+        lambda value: json.dumps(value).encode("ascii"),
+        json.loads,
+        content_type="application/x-ascii-json",
+        content_encoding="us-ascii",
+    )
+    try:
+        body = encode([[1], {}], "ascii-json")
+        assert body.content_encoding == "us-ascii"
+        assert decode(body.data, body.content_type, "us-ascii", ["ascii-json"]) == [[1], {}]
+        # Its encoding is read for its own content type only.
+        with pytest.raises(ContentDisallowed, match="'us-ascii' is not accepted"):
+            decode(body.data, JSON, "us-ascii", ["json"])
+    finally:
+        serialization.unregister("ascii-json")
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        (b"[" * 3000 + b"]" * 3000, "nested too deeply to read"),
+        (b"[" + b"9" * 100_000 + b"]", r"Exceeds the limit \(4300 digits\)"),
+    ],
+)
+def test_what_python_cannot_read_is_a_decode_error_saying_why(data: bytes, error: str) -> None:
+    for encoding in ("utf-8", "utf8"):  # the fast path, and kombu's
+        with pytest.raises(DecodeError, match=error):
+            decode(data, JSON, encoding, accept=["json"])
