@@ -281,6 +281,7 @@ class Celery:
                         max_size=s.pool_max_size,
                         connect_timeout=s.connect_timeout,
                         source=s.task_source,
+                        max_payload_bytes=s.max_payload_bytes,
                     )
         return self._broker
 

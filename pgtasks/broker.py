@@ -9,6 +9,7 @@ own connection can be passed to the enqueue methods to enqueue inside the caller
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import itertools
 import json
@@ -43,7 +44,7 @@ from pgtasks.exceptions import (
 )
 from pgtasks.message import ClaimedTask, TaskMessage
 from pgtasks.pools import LifoConnectionPool
-from pgtasks.serialization import one_shot, whole_document
+from pgtasks.serialization import one_shot, read_json, too_large, whole_document
 from pgtasks.sql import PSYCOPG_CACHED_LENGTH, native, queries
 
 if TYPE_CHECKING:
@@ -102,6 +103,11 @@ class _TimestamptzBinaryLoader(_TimestamptzLoader):
     minus_infinity = b"\x80\x00\x00\x00\x00\x00\x00\x00"
 
 
+#: The largest json or jsonb value a connection reads where no limit is given: the default of
+#: max_payload_bytes.
+MAX_JSON_BYTES = 10 * 1024 * 1024
+
+
 class _JsonLoader(Loader):
     """json and jsonb, read by the json module's C scanner straight from the text.
 
@@ -109,19 +115,28 @@ class _JsonLoader(Loader):
     in Python: several times the cost of the parse itself for the small headers of every
     claimed row. The server sends a document and nothing else, in the connection's encoding
     (UTF-8 here).
+
+    A value that does not read, or is over ``limit`` bytes (left unread), loads as
+    ``Unreadable`` rather than failing the statement: anyone who may insert a row can write
+    such a value (headers nested thousands deep, a number of 100,000 digits), and it must fail
+    its own row, not a claim of many rows, nor a page listing them.
     """
 
     # A static method: a plain function stored on the class.
     _read = staticmethod(whole_document(json.JSONDecoder()))
+    #: The largest value read, in bytes (see json_adapters).
+    limit = MAX_JSON_BYTES
 
     def load(self, data: Buffer) -> Any:
+        if len(data) > self.limit:
+            return too_large(len(data), self.limit)
         raw = data if isinstance(data, bytes) else bytes(data)
         try:
             return self._read(raw.decode("utf-8"))
-        except ValueError:
-            # Not UTF-8, or not one document: json.loads works out the bytes' encoding (a
-            # byte order mark included), then reads them or raises its own error.
-            return json.loads(raw)
+        except Exception:
+            # Not UTF-8, not one document, or nested too deeply: json.loads works out the
+            # bytes' encoding (a byte order mark included), then reads them or says why not.
+            return read_json(raw, self.limit)
 
 
 #: The adapters of pgtasks' connections: psycopg's, with the timestamptz and json loaders above
@@ -131,6 +146,21 @@ _ADAPTERS.register_loader("timestamptz", _TimestamptzLoader)
 _ADAPTERS.register_loader("timestamptz", _TimestamptzBinaryLoader)
 _ADAPTERS.register_loader("json", _JsonLoader)
 _ADAPTERS.register_loader("jsonb", _JsonLoader)
+
+
+@functools.lru_cache(maxsize=8)
+def json_adapters(max_json_bytes: int) -> AdaptersMap:
+    """The adapters of a broker's connections, which read json and jsonb values of up to
+    ``max_json_bytes`` (its app's max_payload_bytes): a larger one, which no client of the app
+    enqueues, loads as ``Unreadable`` without being parsed."""
+    if max_json_bytes == _JsonLoader.limit:
+        return _ADAPTERS
+    loader = type("_JsonLoader", (_JsonLoader,), {"limit": max_json_bytes})
+    adapters = AdaptersMap(_ADAPTERS)
+    adapters.register_loader("json", loader)
+    adapters.register_loader("jsonb", loader)
+    return adapters
+
 
 # Headers as COPY sends them: compact json, like the json document of ``insert_tasks``.
 _HEADERS_JSON = one_shot(json.JSONEncoder(separators=(",", ":")))
@@ -468,9 +498,12 @@ class Broker:
         max_size: int = 10,
         connect_timeout: float = 10.0,
         source: str | None = None,
+        max_payload_bytes: int = MAX_JSON_BYTES,
     ) -> None:
         self.dsn = dsn
         self.schema = schema
+        #: Of this broker's connections: json values are read up to max_payload_bytes.
+        self.adapters = json_adapters(max_payload_bytes)
         #: Sent as the session's pgtasks.source: the source of the rows this process enqueues
         #: (see pgtasks.quotas); None: the database role.
         self.source = source
@@ -534,7 +567,7 @@ class Broker:
             "autocommit": True,
             "prepare_threshold": self.prepare_threshold,
             "connect_timeout": max(1, int(self.connect_timeout)),
-            "context": _ADAPTERS,
+            "context": self.adapters,
         }
         if self.prepare_threshold is not None:
             # No JIT compilation: it never pays for these short statements. A claim's plan is
@@ -587,7 +620,7 @@ class Broker:
 
     def connect(self, autocommit: bool = True) -> psycopg.Connection[Any]:
         """A dedicated connection outside the pool (LISTEN, migrations, admin commands)."""
-        return psycopg.connect(self.dsn, autocommit=autocommit, context=_ADAPTERS)
+        return psycopg.connect(self.dsn, autocommit=autocommit, context=self.adapters)
 
     @property
     def own_connections(self) -> bool:

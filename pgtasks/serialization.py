@@ -239,6 +239,54 @@ def unreadable_error(exc: BaseException) -> DecodeError:
     return DecodeError(str(exc))
 
 
+class Unreadable:
+    """What a json or jsonb column that did not read holds in a row read from the database:
+    the error, and the text where it was read (None where it was refused unread, for its size).
+
+    A connection's loader returns one rather than raising, so that one such value fails its
+    own row rather than the statement that read it with others (a claim of many rows). Any
+    use of it as a document raises ``DecodeError`` with the reason.
+    """
+
+    __slots__ = ("error", "text")
+
+    def __init__(self, error: str, text: str | None = None) -> None:
+        self.error = error
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"<unreadable JSON: {self.error}>"
+
+    def __bool__(self) -> bool:
+        return True
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise DecodeError(f"cannot read a JSON value from the database: {self.error}")
+
+    __getitem__ = __iter__ = __len__ = __contains__ = _refuse
+    get = keys = values = items = _refuse
+
+
+def too_large(size: int, limit: int) -> Unreadable:
+    """What a value of ``size`` bytes, over ``limit``, loads as: unread."""
+    return Unreadable(f"{size} bytes, over the {limit}-byte limit (max_payload_bytes)")
+
+
+def read_json(raw: bytes, limit: int) -> Any:
+    """A json or jsonb value from the text the server sent: the document, or ``Unreadable``
+    (never an error) for one that does not read or is over ``limit`` bytes.
+
+    For the documents a fast reader gave up on, and for reporting: ``json.loads`` works out
+    the bytes' encoding (a byte order mark included), then reads them or says why not.
+    """
+    if len(raw) > limit:
+        return too_large(len(raw), limit)
+    try:
+        return json.loads(raw)
+    except Exception as exc:
+        return Unreadable(str(unreadable_error(exc)), raw.decode("utf-8", "replace"))
+
+
 def _kombu_json_codec() -> bool:
     """Whether json is still kombu's own codec (an application may register another)."""
     registry = serialization.registry
@@ -278,8 +326,11 @@ __all__ = [
     "DecodeError",
     "EncodeError",
     "Encoded",
+    "Unreadable",
     "decode",
     "encode",
     "find_unencodable",
+    "read_json",
+    "too_large",
     "unreadable_error",
 ]

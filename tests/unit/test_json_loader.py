@@ -1,4 +1,6 @@
-"""How pgtasks' connections read json and jsonb: the same values and errors as ``json.loads``."""
+"""How pgtasks' connections read json and jsonb: the same values as ``json.loads``; what it
+refuses (or what is over the limit) loads as ``Unreadable`` with the reason, never an error, so
+that one value fails its own row and not the statement that read it with others."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pgtasks.broker import _JsonLoader
+from pgtasks.broker import _JsonLoader, json_adapters
+from pgtasks.serialization import DecodeError, Unreadable
 
 JSONB = 3802
 
@@ -37,12 +40,44 @@ def test_a_document_reads_as_json_loads_reads_it(
     "data",
     [b"", b"nul", b'{"a": 1} x', b"[1, 2", b"\xff", b'"\xc3(', b'{"a": NaX}'],
 )
-def test_what_json_loads_refuses_fails_with_its_error(data: bytes) -> None:
+def test_what_json_loads_refuses_loads_as_unreadable_with_its_error(data: bytes) -> None:
     with pytest.raises(Exception) as expected:
         json.loads(data)
-    with pytest.raises(type(expected.value)) as got:
-        _JsonLoader(JSONB).load(data)
-    assert str(got.value) == str(expected.value)
+    got = _JsonLoader(JSONB).load(data)
+    assert isinstance(got, Unreadable)
+    assert got.error == str(expected.value)
+    assert got.text == data.decode("utf-8", "replace")
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        (b'{"a": ' + b"[" * 3000 + b"]" * 3000 + b"}", "nested too deeply to read"),
+        (b'{"a": ' + b"9" * 100_000 + b"}", "Exceeds the limit (4300 digits)"),
+    ],
+    ids=["nested 3000 deep", "a number of 100000 digits"],
+)
+def test_what_python_cannot_read_loads_as_unreadable(data: bytes, error: str) -> None:
+    got = _JsonLoader(JSONB).load(memoryview(data))
+    assert isinstance(got, Unreadable)
+    assert got.error.startswith(error), got.error
+    assert got.text == data.decode()
+    assert bool(got)
+    # Used as a document anywhere, it says why it is not one.
+    with pytest.raises(DecodeError, match="cannot read a JSON value from the database"):
+        got.get("a")
+    with pytest.raises(DecodeError):
+        list(got)
+
+
+def test_a_value_over_the_limit_loads_unread() -> None:
+    loader = json_adapters(64).get_loader(JSONB, 0)
+    assert loader is not None
+    assert loader(JSONB).load(b'{"a": "' + b"x" * 50 + b'"}') == {"a": "x" * 50}
+    got = loader(JSONB).load(b'{"a": "' + b"x" * 60 + b'"}')
+    assert isinstance(got, Unreadable)
+    assert got.error == "69 bytes, over the 64-byte limit (max_payload_bytes)"
+    assert got.text is None
 
 
 @pytest.mark.parametrize("data", [b'  {"a": 1}\n', b"NaN", b"-Infinity", b"1e400", b'"\\u00e9"'])
