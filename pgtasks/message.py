@@ -6,11 +6,12 @@ has claimed. Header names follow Celery's message protocol v2 where Celery has o
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from pgtasks.serialization import Encoded
+from pgtasks.serialization import Encoded, Unreadable
 
 
 # Not frozen: a frozen dataclass's __init__ costs about a microsecond more (one
@@ -83,3 +84,102 @@ class ClaimedTask:
         if self.payload is not None:
             return self.payload
         return self.payload_raw or b""
+
+
+# -- rows as written -------------------------------------------------------------------------
+
+#: The reasons ``malformed`` gives (a dead-lettered row's metric label).
+MALFORMED_HEADERS = "malformed headers"
+OVERSIZE_PAYLOAD = "oversize payload"
+
+_NONE = type(None)
+#: The headers the worker reads itself, and the JSON types each may hold (as Celery's message
+#: protocol writes them). Anyone who may insert a row writes its headers: one of another type
+#: dead-letters the row before it runs, rather than failing (or being read as something else)
+#: wherever it is first used.
+_HEADER_TYPES: dict[str, tuple[type, ...]] = {
+    "argsrepr": (str, _NONE),
+    "kwargsrepr": (str, _NONE),
+    "ignore_result": (bool, _NONE),
+    "result_serializer": (str, _NONE),
+    "parent_id": (str, _NONE),
+    "root_id": (str, _NONE),
+    "group": (str, _NONE),
+    "timelimit": (list, _NONE),  # and see _limits
+    # kombu's header for a compressed body (Celery's compression= option). pgtasks stores
+    # bodies as they are and never writes it: a body said to be compressed is refused unread,
+    # and no decompressor ever runs on what a row holds.
+    "compression": (_NONE,),
+}
+#: What an error says each of _HEADER_TYPES must be.
+_HEADER_SHAPES = {
+    "ignore_result": "a boolean or null",
+    "timelimit": "[hard, soft]: two numbers of seconds or nulls",
+    "compression": "absent: compressed payloads are not supported",
+}
+
+#: JSON's name for what a json value loads as, for error messages.
+_JSON_TYPES = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    _NONE: "null",
+}
+
+_short = reprlib.Repr()
+_short.maxstring = _short.maxother = 60
+
+
+def malformed(row: ClaimedTask, max_bytes: int) -> tuple[str, str] | None:
+    """Why a claimed row cannot run as written, as ``(reason, error)``; None for a row that
+    can. Its headers must be a JSON object, each header the worker reads of its type, and its
+    payload no more than ``max_bytes`` (max_payload_bytes, which enqueue holds every payload
+    to). Checked before anything decodes the payload; for every claimed row, so the common
+    case costs a few comparisons."""
+    headers = row.headers
+    if type(headers) is not dict:
+        if isinstance(headers, Unreadable):
+            return MALFORMED_HEADERS, f"cannot decode headers: {headers.error}"
+        found = _json_type(headers)
+        return MALFORMED_HEADERS, f"cannot decode headers: a JSON object is required, not {found}"
+    text = row.payload
+    # A character of the json text is one to four bytes in UTF-8: a short text is no more.
+    if row.payload_raw is not None or (text is not None and 4 * len(text) > max_bytes):
+        size = _payload_bytes(row)
+        if size > max_bytes:
+            return OVERSIZE_PAYLOAD, (
+                f"cannot decode payload: {size} bytes, over the {max_bytes}-byte limit "
+                "(max_payload_bytes)"
+            )
+    for key, value in headers.items():
+        kinds = _HEADER_TYPES.get(key)
+        if kinds is not None and type(value) not in kinds:
+            return _wrong_header(key, _json_type(value))
+    if "timelimit" in headers and not _limits(headers["timelimit"]):
+        return _wrong_header("timelimit", _short.repr(headers["timelimit"]))
+    return None
+
+
+def _json_type(value: Any) -> str:
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def _wrong_header(key: str, found: str) -> tuple[str, str]:
+    shape = _HEADER_SHAPES.get(key, "a string or null")
+    return MALFORMED_HEADERS, f"cannot decode headers: {key!r} must be {shape}, not {found}"
+
+
+def _limits(value: list[Any] | None) -> bool:
+    """Whether a ``timelimit`` header reads as Celery writes it: [hard, soft], null or numbers."""
+    return value is None or (len(value) == 2 and all(type(v) in (int, float, _NONE) for v in value))
+
+
+def _payload_bytes(row: ClaimedTask) -> int:
+    """The size of a row's payload as stored, in bytes."""
+    size = 0 if row.payload_raw is None else len(row.payload_raw)
+    if row.payload is not None:
+        size += len(row.payload.encode("utf-8", "surrogatepass"))
+    return size

@@ -27,12 +27,12 @@ from pgtasks.broker import Failure, Release, RetryAt, Success, handed_ids, hando
 from pgtasks.canvas import chord_body_builder, chord_member, register_builtins
 from pgtasks.exceptions import NotRegistered
 from pgtasks.maintenance import Maintenance, Pruner, Reclaimer
-from pgtasks.message import ClaimedTask
+from pgtasks.message import OVERSIZE_PAYLOAD, ClaimedTask, malformed
 from pgtasks.metrics import NullMetrics
 from pgtasks.metrics import create as create_metrics
 from pgtasks.result import exception_to_dict
 from pgtasks.scheduler import BeatService, Scheduler
-from pgtasks.serialization import decode, encode
+from pgtasks.serialization import DecodeError, decode, encode
 from pgtasks.states import Status
 from pgtasks.utils.signal_relay import SignalRelay
 from pgtasks.worker import execute as ex
@@ -662,26 +662,33 @@ class Worker:
             self._wake.set()
 
     def _well_formed(self, claimed: list[ClaimedTask]) -> list[ClaimedTask]:
-        """The claimed rows whose headers are a JSON object. Every later step reads them as a
-        mapping, so any other row (headers edited by hand into an array, a scalar or null) is
-        dead-lettered here, its payload kept for a requeue once the headers are mended."""
-        if all(isinstance(row.headers, dict) for row in claimed):
-            return claimed
+        """The claimed rows that can run as written (see pgtasks.message.malformed). Anyone
+        who may insert a row writes every column of it: a row whose headers did not read or
+        are not a JSON object of the types the worker reads, or whose payload is over
+        max_payload_bytes, is dead-lettered here with the reason, before its payload is
+        decoded, its columns kept for a requeue once mended; the rows beside it run."""
+        limit = self.settings.max_payload_bytes
         kept: list[ClaimedTask] = []
         for row in claimed:
-            if isinstance(row.headers, dict):
+            problem = malformed(row, limit)
+            if problem is None:
                 kept.append(row)
-                continue
-            with self._lock:
-                self._inflight[row.id] = InFlight(row)
-            found = _JSON_TYPES.get(type(row.headers), type(row.headers).__name__)
-            error = f"cannot decode headers: a JSON object is required, not {found}"
-            TaskLog(self.log, row, self._levels).error(
-                "task.dead_lettered", reason="malformed headers", error=error
-            )
-            self.metrics.dead_lettered(row.name, row.queue, "malformed headers")
-            self._settle(self._failure(row, Status.DEAD, error))
+            else:
+                self._dead_letter_unread(row, *problem)
         return kept
+
+    def _dead_letter_unread(self, row: ClaimedTask, reason: str, error: str) -> None:
+        """Dead-letter a claimed row that will not be decoded (see _well_formed)."""
+        with self._lock:
+            if self._claim_of(row.id, row.attempt) is not None:
+                return  # found twice (see _accept): settled as the first time
+            self._inflight[row.id] = InFlight(row)
+        TaskLog(self.log, row, self._levels).error("task.dead_lettered", reason=reason, error=error)
+        self.metrics.dead_lettered(row.name, row.queue, reason)
+        self._settle(self._failure(row, Status.DEAD, error))
+        if reason == OVERSIZE_PAYLOAD:
+            # As for a payload that does not decode (see _accept).
+            task_signals.rejected(self, row, DecodeError(error))
 
     def _rate_intervals(self) -> dict[str, float]:
         """Each registered task with a rate limit, and the seconds between its starts: the
@@ -1369,16 +1376,6 @@ class TaskLog:
     def error(self, event: str, **kw: Any) -> None:
         self._logger().error(event, **kw)
 
-
-#: JSON's name for what a jsonb value loads as, for error messages.
-_JSON_TYPES = {
-    list: "an array",
-    str: "a string",
-    int: "a number",
-    float: "a number",
-    bool: "a boolean",
-    type(None): "null",
-}
 
 #: Metric outcome of each run kind (LOST rows are counted as retried or dead-lettered).
 _OUTCOMES = {

@@ -249,17 +249,24 @@ CASES: dict[str, tuple[str, str, str, str | None]] = {
         "DEAD",
         "worker lost: lease of ghost@nowhere expired",
     ),
+    "negative time limits": (
+        "inv.echo",
+        "headers = '{\"timelimit\": [-1e308, -1]}'",
+        "COMPLETED",
+        None,
+    ),
     "junk time limits": (
         "inv.echo",
         'headers = \'{"timelimit": [-1e308, "soon"]}\'',
-        "COMPLETED",
-        None,
+        "DEAD",
+        "cannot decode headers: 'timelimit' must be [hard, soft]: two numbers of seconds or "
+        "nulls, not [-1000",
     ),
     "junk canvas ids": (
         "inv.echo",
         'headers = \'{"parent_id": 5, "root_id": [], "group": {}}\'',
-        "COMPLETED",
-        None,
+        "DEAD",
+        "cannot decode headers: 'group' must be a string or null, not an object",
     ),
     "infinite time limit": (
         "inv.echo",
@@ -276,6 +283,12 @@ CASES: dict[str, tuple[str, str, str, str | None]] = {
     "junk result serializer": (
         "inv.echo",
         "headers = '{\"result_serializer\": 5}'",
+        "DEAD",
+        "cannot decode headers: 'result_serializer' must be a string or null, not a number",
+    ),
+    "unknown result serializer": (
+        "inv.echo",
+        'headers = \'{"result_serializer": "martian"}\'',
         "FAILED",
         "EncodeError: return value of inv.echo cannot be serialized",
     ),

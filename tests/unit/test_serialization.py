@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from kombu import serialization
 from kombu.utils import json as kombu_json
 
+from pgtasks.message import ClaimedTask, malformed
 from pgtasks.serialization import (
     JSON,
     ContentDisallowed,
@@ -299,3 +300,69 @@ def test_what_python_cannot_read_is_a_decode_error_saying_why(data: bytes, error
     for encoding in ("utf-8", "utf8"):  # the fast path, and kombu's
         with pytest.raises(DecodeError, match=error):
             decode(data, JSON, encoding, accept=["json"])
+
+
+# -- claimed rows, checked before their payload is decoded ------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner),
+    max_leaves=6,
+)
+header_names = st.sampled_from(
+    [
+        *("argsrepr", "kwargsrepr", "ignore_result", "result_serializer", "parent_id"),
+        *("root_id", "group", "timelimit", "compression", "chord", "eta", "retries", "x"),
+    ]
+)
+
+
+def claimed(
+    headers: Any, payload: str | None = "[[], {}]", raw: bytes | None = None
+) -> ClaimedTask:
+    now = datetime.now(timezone.utc)
+    return ClaimedTask(
+        "id", "t", "q", 0, 1, 0, None, JSON, "utf-8", payload, raw, headers, now, None, False, now
+    )
+
+
+@settings(deadline=None)
+@given(st.dictionaries(header_names, json_values, max_size=4) | json_values)
+def test_a_row_passes_only_with_headers_the_worker_can_read(headers: Any) -> None:
+    problem = malformed(claimed(headers), 1024)
+    if problem is not None:
+        reason, error = problem
+        assert reason == "malformed headers"
+        assert error.startswith("cannot decode headers: ")
+        return
+    assert isinstance(headers, dict)
+    for name in ("argsrepr", "kwargsrepr", "result_serializer", "parent_id", "root_id", "group"):
+        assert isinstance(headers.get(name), (str, type(None)))
+    assert isinstance(headers.get("ignore_result"), (bool, type(None)))
+    assert headers.get("compression") is None
+    limits = headers.get("timelimit")
+    assert limits is None or (
+        len(limits) == 2 and all(isinstance(v, (int, float)) or v is None for v in limits)
+    )
+
+
+@pytest.mark.parametrize(
+    ("payload", "raw", "size"),
+    [
+        ("é" * 512, None, 1024),
+        ("é" * 513, None, 1026),
+        (None, b"x" * 1025, 1025),
+        ("[]", b"x" * 1023, 1025),
+    ],
+)
+def test_a_payload_is_measured_in_bytes_as_stored(
+    payload: str | None, raw: bytes | None, size: int
+) -> None:
+    problem = malformed(claimed({}, payload, raw), 1024)
+    if size <= 1024:
+        assert problem is None
+    else:
+        assert problem == (
+            "oversize payload",
+            f"cannot decode payload: {size} bytes, over the 1024-byte limit (max_payload_bytes)",
+        )
