@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pgtasks import exceptions, tracing
-from pgtasks.canvas import after_failure, after_success, has_followups
+from pgtasks.canvas import after_failure, after_success, chord_member, has_followups
 from pgtasks.request import Request
 from pgtasks.result import exception_to_dict
 from pgtasks.serialization import Encoded, EncodeError, encode
@@ -285,6 +285,28 @@ def _steps(app: Celery, job: Job) -> Generator[Task[Any, Any], Any, Outcome]:
     task_signals.postrun(task, job, "SUCCESS", value, request)
     extra = after_success(app, job, value)
     return Outcome(job.id, job.attempt, SUCCESS, started, runtime, result=encoded, extra=extra)
+
+
+def unsent(job: Job, exc: BaseException) -> Outcome:
+    """The outcome of a call that could not be handed to the process that was to run it (the
+    prefork pool pickles each job for its child): dead-lettered unrun, as it would fail the
+    same way every time. Its arguments are what anyone who may insert a row wrote: nested
+    deeper than pickle goes (about 500 levels, where JSON reads about 990), or of a type a
+    serializer other than json rebuilt and pickle cannot write."""
+    if isinstance(exc, RecursionError):
+        why = f"nested too deeply to pickle ({exc})"
+    else:
+        why = _describe(exc)
+    return Outcome(
+        job.id,
+        job.attempt,
+        FAILURE,
+        time.time(),
+        0.0,
+        error=f"cannot hand the call to a child process: {why}",
+        retries_exhausted=True,
+        extra={"followups": chord_member(job.headers)},
+    )
 
 
 def _failure(

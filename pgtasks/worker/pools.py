@@ -36,7 +36,7 @@ import structlog
 from pgtasks import signals
 from pgtasks import task as task_module
 from pgtasks.worker import timelimits
-from pgtasks.worker.execute import FAILURE, LOST, Job, Outcome, execute, execute_async
+from pgtasks.worker.execute import FAILURE, LOST, Job, Outcome, execute, execute_async, unsent
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -513,8 +513,12 @@ _PROTOCOL = pickle.HIGHEST_PROTOCOL
 _STOP = b""
 
 
+def _job_bytes(job: Job) -> bytes:
+    return pickle.dumps(_job_fields(job), _PROTOCOL)
+
+
 def _send_job(conn: mpc.Connection, job: Job) -> None:
-    conn.send_bytes(pickle.dumps(_job_fields(job), _PROTOCOL))
+    conn.send_bytes(_job_bytes(job))
 
 
 def _recv_job(conn: mpc.Connection) -> Job | None:
@@ -655,9 +659,18 @@ class PreforkPool(_QueueAhead):
                 with self._lock:
                     self._free(child)
                 continue
+            try:
+                data = _job_bytes(job)
+            except Exception as exc:
+                # Arguments pickle cannot write (nested too deeply): this call fails alone,
+                # and the child takes the next.
+                with self._lock:
+                    self._free(child)
+                done(unsent(job, exc))
+                continue
             # On a broken pipe the reader sees the dead child and reports the job lost.
             with contextlib.suppress(BrokenPipeError, OSError):
-                _send_job(child.conn, job)
+                child.conn.send_bytes(data)
 
     def terminate(self, task_id: str, signum: int) -> bool:
         with self._lock:
