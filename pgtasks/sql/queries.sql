@@ -666,7 +666,9 @@ SELECT cancel_requested FROM {schema}.tasks WHERE id = %(id)s
 -- name: get_result
 -- What AsyncResult needs: the live row (if still there) and the stored result (if kept).
 SELECT t.status, t.retries, t.error, t.traceback AS task_traceback, t.name,
-       COALESCE((t.headers ->> 'ignore_result')::boolean, false) AS ignore_result,
+       -- A row's headers are whatever its producer wrote: only a boolean counts.
+       CASE WHEN jsonb_typeof(t.headers -> 'ignore_result') = 'boolean'
+            THEN (t.headers ->> 'ignore_result')::boolean ELSE false END AS ignore_result,
        r.state, r.content_type, r.content_encoding, r.result, r.traceback, r.date_done
   FROM (SELECT %(id)s::text AS id) AS k
   LEFT JOIN {schema}.tasks AS t ON t.id = k.id

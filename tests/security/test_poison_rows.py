@@ -296,13 +296,13 @@ def test_a_poisoned_row_among_those_a_worker_adopts_is_read_alone(
     assert all(found[i].headers == {} for i in claim.innocent)
 
 
-def test_a_worker_adopting_a_poisoned_row_dead_letters_it_alone(
+def test_a_worker_handed_a_poisoned_row_dead_letters_it_alone(
     limited: Celery, db: psycopg.Connection[Any], worker_factory: Any
 ) -> None:
     poison = POISONS["a header number of 100000 digits"]
     with capture_logs() as logs, worker_factory(concurrency=1 + BESIDE) as worker:
-        # Written RUNNING for this worker, as a hand-off would, and announced by id.
-        claim = insert_claim(db, poison, **held_by(db, worker.id))
+        # Waiting rows named to the worker by id, as a hand-off names them.
+        claim = insert_claim(db, poison)
         channel = handoff_channel(limited.broker.schema, worker.id)
         for task_id in (claim.poisoned, *claim.innocent):
             db.execute("SELECT pg_notify(%s, json_build_array(%s::text)::text)", (channel, task_id))
@@ -347,3 +347,12 @@ def test_a_poisoned_result_gives_its_reader_a_clear_error(
     with pytest.raises(error, match=match):
         limited.AsyncResult(poisoned).get(timeout=5)
     assert limited.AsyncResult(fine).get(timeout=5) == {"ok": 1}
+
+
+def test_a_junk_ignore_result_header_leaves_the_state_readable(
+    limited: Celery, db: psycopg.Connection[Any]
+) -> None:
+    """``get_result`` reads ``ignore_result`` from the row's headers, which its producer
+    wrote: a value that is not a boolean is no boolean, not an error for every reader."""
+    sent = limited.send_task("poison.any", headers={"ignore_result": "maybe"})
+    assert limited.AsyncResult(sent.id).state == "PENDING"
