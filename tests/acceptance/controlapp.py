@@ -29,7 +29,8 @@ def fail(message: str) -> None:
     raise ValueError(message)
 
 
-@app.task(name="controlapp.patient")
+# Its own limit replaces the worker's --time-limit (a call may only lower it).
+@app.task(name="controlapp.patient", time_limit=60)
 def patient(seconds: float) -> str:
     try:
         time.sleep(seconds)

@@ -29,7 +29,7 @@ from structlog.testing import capture_logs
 
 from pgtasks import Celery, grants
 from pgtasks.exceptions import ImproperlyConfigured, SoftTimeLimitExceeded, TimeLimitExceeded
-from tests.apps.harness import task_row
+from tests.apps.harness import status, task_row, wait_until
 
 SOFT_STOP = "stopped at the soft limit"
 #: Room above a child's starting size that tasks of this module other than the hog never use.
@@ -210,48 +210,58 @@ LONG_PAIRS = {
     "a pair past a float": "[1e400, 1e400]",
     "a pair of integers past a float": f"[{10**400}, {10**400}]",
 }
-#: ``timelimit`` headers a row may carry (JSON text): none lifts a limit, none stops a worker.
-JUNK_TIMELIMITS = {
-    **LONG_PAIRS,
+#: ``timelimit`` headers of the right shape (a pair of numbers) that no call could send: the
+#: row runs, under its task's and worker's limits.
+ODD_NUMBERS = {**LONG_PAIRS, "negative numbers": "[-1, -1e308]"}
+#: ``timelimit`` headers that are no pair of numbers or nulls: the row is dead-lettered unrun,
+#: with the reason (Celery would refuse such a message too).
+SHAPELESS = {
     "numeric strings": '["1e6", "1e6"]',
     "NaN and infinity as strings": '["NaN", "Infinity"]',
     "one string": '"1e6"',
     "one number": "1e6",
     "three numbers": "[1e6, 1e6, 1e6]",
     "one number in a list": "[1e6]",
-    "negative numbers": "[-1, -1e308]",
     "booleans": "[true, true]",
     "nested lists": "[[1e6], [1e6]]",
     "an object": '{"hard": 1e6, "soft": 1e6}',
 }
 
 
-def test_junk_timelimit_headers_neither_lift_a_limit_nor_stop_the_worker(
+def test_odd_timelimit_headers_neither_lift_a_limit_nor_stop_the_worker(
     app: Celery, db: psycopg.Connection[Any], worker_factory: Any
 ) -> None:
     t = define_tasks(app)
     rows: dict[str, tuple[str, str, str]] = {}
-    for case, value in JUNK_TIMELIMITS.items():
+    for case, value in ODD_NUMBERS.items():
         headers = f'{{"timelimit": {value}}}'
         rows[case] = (
             insert_row(db, "lim.bounded", [30], headers),
             insert_row(db, "lim.soft_bounded", [30], headers),
             insert_row(db, "lim.pid", [], headers),
         )
+    dead = {
+        case: insert_row(db, "lim.pid", [], f'{{"timelimit": {value}}}')
+        for case, value in SHAPELESS.items()
+    }
     with capture_logs() as logs, worker_factory(pool="prefork", concurrency=4):
         for case, (hard, soft, plain) in rows.items():
             with pytest.raises(TimeLimitExceeded):
                 app.AsyncResult(hard).get(timeout=10)
             assert app.AsyncResult(soft).get(timeout=10) == SOFT_STOP, case
             assert app.AsyncResult(plain).get(timeout=10) != os.getpid(), case
+        for case, task_id in dead.items():
+            wait_until(lambda task_id=task_id: status(db, task_id) == "DEAD", what=case)
+            error = task_row(db, task_id)["error"]
+            assert "'timelimit' must be [hard, soft]" in error, (case, error)
         # The worker is still there for the next task.
         assert t["pid"].delay().get(timeout=10) != os.getpid()
     for hard, _, _ in rows.values():
         hard_limit_failed(db, hard, "0.5s")
-    # Each header that is no pair of seconds or nulls is named in a warning, for each task.
+    # A negative limit is named in a warning, for each task, and ignored.
     ignored = [e for e in logs if e["event"] == "task.time_limit_ignored"]
     assert {e["task_name"] for e in ignored} == {"lim.bounded", "lim.soft_bounded", "lim.pid"}
-    assert len({e["timelimit"] for e in ignored}) == len(JUNK_TIMELIMITS) - len(LONG_PAIRS)
+    assert len({e["timelimit"] for e in ignored}) == 1
 
 
 @pytest.mark.parametrize(
