@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from pgtasks import states
 from pgtasks.exceptions import ImproperlyConfigured
+from pgtasks.serialization import Unreadable
 
 if TYPE_CHECKING:
     from pgtasks.app import Celery
@@ -245,8 +246,14 @@ def task_detail(app: Celery, task_id: str) -> Row | None:
     row = app.broker.task_detail(task_id)
     if row is None:
         return None
-    headers = row.get("headers") or {}
+    headers = row.get("headers")
     detail = {k: v for k, v in row.items() if k not in ("payload", "payload_raw_bytes")}
+    if isinstance(headers, Unreadable):
+        # A row dead-lettered for headers nobody can read: shown, with why, not a failed page.
+        detail["headers"] = {"unreadable": headers.error}
+        headers = {}
+    elif not isinstance(headers, dict):
+        headers = {}
     detail["argsrepr"] = headers.get("argsrepr")
     detail["kwargsrepr"] = headers.get("kwargsrepr")
     detail["state"] = app.AsyncResult(task_id).state

@@ -356,3 +356,20 @@ def test_a_junk_ignore_result_header_leaves_the_state_readable(
     wrote: a value that is not a boolean is no boolean, not an error for every reader."""
     sent = limited.send_task("poison.any", headers={"ignore_result": "maybe"})
     assert limited.AsyncResult(sent.id).state == "PENDING"
+
+
+def test_the_dashboard_shows_a_row_whose_headers_do_not_read(
+    limited: Celery, db: psycopg.Connection[Any]
+) -> None:
+    """The operator must be able to look at the dead letter a poisoned row became."""
+    from pgtasks.dashboard.data import task_detail
+
+    db.execute(
+        "INSERT INTO tasks (id, name, status, headers, error, payload)"
+        " VALUES ('deep', 'poison.any', 'DEAD', %s::jsonb, 'cannot decode headers', '[[], {}]')",
+        (DEEP,),
+    )
+    detail = task_detail(limited, "deep")
+    assert detail is not None
+    assert detail["headers"]["unreadable"].startswith("nested too deeply to read")
+    assert (detail["argsrepr"], detail["state"]) == (None, "FAILURE")
