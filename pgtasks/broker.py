@@ -1650,10 +1650,18 @@ class Broker:
     def forget(self, task_id: str) -> None:
         self._all("forget_result", {"id": task_id})
 
-    def purge(self, queues: Sequence[str] | None = None) -> int:
+    def purge(self, queues: Sequence[str] | None = None, until: datetime | None = None) -> int:
+        """Delete the waiting tasks of ``queues`` (None: all); with ``until`` (from
+        ``count_waiting``), only those enqueued by then. Returns how many were deleted."""
+        params = {"queues": list(queues) if queues else None, "until": until}
         with self.connection() as c:
-            cur = c.execute(self.q["purge"], {"queues": list(queues) if queues else None})
-            return cur.rowcount
+            return c.execute(self.q["purge"], params).rowcount
+
+    def count_waiting(self, queues: Sequence[str] | None = None) -> tuple[int, datetime]:
+        """How many tasks ``purge(queues)`` would delete now, and when they were counted."""
+        row = self._one("count_waiting", {"queues": list(queues) if queues else None})
+        assert row is not None
+        return int(row["n"]), row["counted_at"]
 
     def prune(
         self,

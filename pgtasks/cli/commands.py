@@ -266,8 +266,18 @@ def purge(ctx: click.Context, queues: str | None, exclude_queues: str | None, fo
         known = names or sorted({row["queue"] for row in app.broker.counts()})
         names = [q for q in known if q not in excluded]
         where = f"{where} except {exclude_queues}"
-    if not force:
-        click.confirm(f"Delete all waiting tasks in {where}? This cannot be undone", abort=True)
     # An exclusion can leave nothing to purge: an empty list must not mean "every queue".
-    count = app.broker.purge(names) if names is None or names else 0
+    if names is not None and not names:
+        click.echo(f"Purged 0 messages from {where}.")
+        return
+    until = None
+    if not force:
+        waiting, until = app.broker.count_waiting(names)
+        if not waiting:
+            click.echo(f"No waiting tasks in {where}.")
+            return
+        tasks = "waiting task" if waiting == 1 else "waiting tasks"
+        click.confirm(f"Delete {waiting:,} {tasks} in {where}? This cannot be undone", abort=True)
+    # Only what was counted: tasks enqueued while the question waited stay.
+    count = app.broker.purge(names, until)
     click.echo(f"Purged {count} {'message' if count == 1 else 'messages'} from {where}.")

@@ -759,7 +759,18 @@ DELETE FROM {schema}.workers WHERE id = %(id)s
 
 -- name: purge
 -- Delete waiting tasks (of the given queues, or all when NULL); running ones are left alone.
+-- With %(until)s (when count_waiting counted them), only those enqueued by then: a purge that
+-- asked first deletes no more than it said.
 DELETE FROM {schema}.tasks
+ WHERE status IN ('PENDING', 'BLOCKED')
+   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+   AND (%(until)s::timestamptz IS NULL OR created_at <= %(until)s::timestamptz)
+
+-- name: count_waiting
+-- How many waiting tasks a purge of the given queues (all when NULL) would delete, and when
+-- (the database clock) they were counted.
+SELECT count(*) AS n, now() AS counted_at
+  FROM {schema}.tasks
  WHERE status IN ('PENDING', 'BLOCKED')
    AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
 

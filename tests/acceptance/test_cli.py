@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -22,6 +23,22 @@ from pgtasks import migrate as migrations
 
 REPO = Path(__file__).resolve().parents[2]
 APP = "tests.acceptance.cliapp"
+
+
+def read_until(proc: subprocess.Popen[bytes], marker: bytes, timeout: float = 30.0) -> bytes:
+    """What ``proc`` wrote to stdout up to ``marker`` (its question waits for an answer)."""
+    assert proc.stdout is not None
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while marker not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {marker!r} in {seen!r}"
+        ready, _, _ = select.select([proc.stdout], [], [], left)
+        if ready:
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            assert chunk, f"the command ended before asking: {seen!r}"
+            seen += chunk
+    return seen
 
 
 def cli_env(dsn: str, schema: str) -> dict[str, str]:
@@ -287,6 +304,33 @@ def test_purge_asks_before_deleting(
         timeout=60,
     )
     assert proc.returncode == 1
-    assert "Delete all waiting tasks in all queues?" in proc.stdout
+    assert "Delete 1 waiting task in all queues?" in proc.stdout
     assert "Aborted" in proc.stderr
     assert len(statuses(db)) == 1
+
+
+def test_purge_deletes_only_what_it_counted(
+    pg_dsn: str, schema: str, app: Celery, db: psycopg.Connection[Any]
+) -> None:
+    counted = [app.send_task("cliapp.add", (i, 1)) for i in range(2)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pgtasks", "purge", "-Q", "celery"],
+        cwd=REPO,
+        env=cli_env(pg_dsn, schema),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        asked = read_until(proc, b"[y/N]: ")
+        newcomer = app.send_task("cliapp.add", (7, 7))  # enqueued while the question waits
+        out, err = proc.communicate(b"y\n", timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    assert b"Delete 2 waiting tasks in queues celery?" in asked
+    assert out.decode().endswith("Purged 2 messages from queues celery.\n")
+    assert statuses(db) == {newcomer.id: "PENDING"}
+    assert all(r.id not in statuses(db) for r in counted)

@@ -3,17 +3,14 @@ question says how many and which, and only those change, even when more die mean
 
 from __future__ import annotations
 
-import os
-import select
 import subprocess
 import sys
-import time
 from typing import Any
 
 import psycopg
 import pytest
 
-from tests.acceptance.test_cli import REPO, cli_env, run_cli, statuses
+from tests.acceptance.test_cli import REPO, cli_env, read_until, run_cli, statuses
 from tests.acceptance.test_cli_ops import run_cli_input
 from tests.integration.test_ops_queries import ago, insert
 
@@ -98,22 +95,6 @@ def test_ids_are_exact_and_the_queue_narrows_only_all(
     assert sum(counts(db).values()) == 43
     helped = run_cli(env, "dlq", "requeue", "--help")
     assert "-Q, --queue" in helped.stdout and "counted before asking" in helped.stdout
-
-
-def read_until(proc: subprocess.Popen[bytes], marker: bytes, timeout: float = 30.0) -> bytes:
-    """What ``proc`` wrote to stdout up to ``marker`` (its question waits for an answer)."""
-    assert proc.stdout is not None
-    seen = b""
-    deadline = time.monotonic() + timeout
-    while marker not in seen:
-        left = deadline - time.monotonic()
-        assert left > 0, f"no {marker!r} in {seen!r}"
-        ready, _, _ = select.select([proc.stdout], [], [], left)
-        if ready:
-            chunk = os.read(proc.stdout.fileno(), 4096)
-            assert chunk, f"the command ended before asking: {seen!r}"
-            seen += chunk
-    return seen
 
 
 def test_a_dead_letter_that_arrives_while_the_question_waits_is_left_alone(
