@@ -1781,7 +1781,10 @@ class Broker:
                 self.enqueue_many(plan.messages, conn)
         if plan.results:
             self._all(
-                "store_results",
+                # Results an outcome decides for tasks that never run (a failed chain's later
+                # steps, a chord's failed body) name ids its row's headers chose: only ids of
+                # no task and no result yet, never another task's.
+                "store_decided_results" if followups else "store_results",
                 {
                     "ids": [r.task_id for r in plan.results],
                     "states": [r.state for r in plan.results],

@@ -984,6 +984,19 @@ ON CONFLICT (task_id) DO UPDATE
    SET state = EXCLUDED.state, content_type = EXCLUDED.content_type, result = EXCLUDED.result,
        traceback = EXCLUDED.traceback, date_done = EXCLUDED.date_done
 
+-- name: store_decided_results
+-- store_results for what an outcome decides about tasks that will never run (a failed chain's
+-- later steps, the body of a chord whose member failed): their ids come from the finished
+-- row's headers, which its producer wrote, so a result is written only for an id that names
+-- no task row and has no result yet.
+INSERT INTO {schema}.results (task_id, state, content_type, result, traceback, date_done)
+SELECT i.*, now()
+  FROM unnest(%(ids)s::text[], %(states)s::text[], %(content_types)s::text[],
+              %(results)s::bytea[], %(tracebacks)s::text[])
+    AS i(id, state, content_type, result, traceback)
+ WHERE NOT EXISTS (SELECT 1 FROM {schema}.tasks AS t WHERE t.id = i.id)
+ON CONFLICT (task_id) DO NOTHING
+
 -- name: save_group_result
 -- GroupResult.save(): remember a group's member ids under the group id.
 INSERT INTO {schema}.group_results (id, result_ids) VALUES (%(id)s, %(result_ids)s::text[])

@@ -138,3 +138,24 @@ def test_a_producer_cannot_apply_a_canvas_holding_a_task_it_may_not_enqueue(
             canvas.apply_async()
     assert rows(db, "SELECT id FROM tasks") == []
     assert status is not None
+
+
+def test_a_failing_chain_decides_results_only_for_its_own_later_steps(
+    roles: Roles, db: psycopg.Connection[Any]
+) -> None:
+    """A failed chain records a failure for its later steps, whose ids its headers name: a
+    producer naming another producer's task there must not overwrite that task's result."""
+    victim = roles.app(roles.victim)
+    producer = roles.app(roles.producer)
+    worker_app = roles.app(roles.worker)
+    theirs = victim.tasks["billing.charge"].delay(5)
+    echo = producer.tasks["proj.echo"]
+    doomed = chain(echo.s("boom"), echo.s().set(task_id=theirs.id), echo.s()).apply_async()
+    with start_worker(worker_app, concurrency=1):
+        assert victim.AsyncResult(theirs.id).get(timeout=10) == 5
+        with pytest.raises(ValueError):
+            doomed.get(timeout=10)
+    assert victim.AsyncResult(theirs.id).get(timeout=10) == 5
+    assert one(db, "SELECT state FROM results WHERE task_id = %s", (theirs.id,))["state"] == (
+        "SUCCESS"
+    )
