@@ -233,14 +233,14 @@ RETURNING id, name, status, source
 -- the caller then claims with claim_handed).
 WITH due AS (
 -- insert: due_columns
-      FROM (
+      -- One primary-key lookup a named id (a plan of its own would read the queue's index).
+      FROM unnest(%(ids)s::text[]) AS h(id)
+     CROSS JOIN LATERAL (
 -- insert: due_row
-               AND id = ANY(%(ids)s::text[])
+               AND id = h.id
                AND queue = ANY(%(queues)s::text[])
                AND name <> ALL(%(rate_names)s::text[])
                AND run_at <= now()
-             ORDER BY priority DESC, run_at, created_at
-             LIMIT %(scan)s
                FOR UPDATE SKIP LOCKED
            ) AS c
 -- insert: claim_unlimited
@@ -252,13 +252,13 @@ WITH due AS (
 -- say it may. A row another worker claimed first is simply not found.
 WITH due AS (
 -- insert: due_columns
-      FROM (
+      -- One primary-key lookup a named id (a plan of its own would read the queue's index).
+      FROM unnest(%(ids)s::text[]) AS h(id)
+     CROSS JOIN LATERAL (
 -- insert: due_row
-               AND id = ANY(%(ids)s::text[])
+               AND id = h.id
                AND queue = ANY(%(queues)s::text[])
                AND run_at <= now()
-             ORDER BY priority DESC, run_at, created_at
-             LIMIT %(scan)s
                FOR UPDATE SKIP LOCKED
            ) AS c
 -- insert: claim_limited
