@@ -1521,12 +1521,11 @@ class Broker:
         handoff: bool = True,
     ) -> None:
         """Mark ``worker`` waiting for the next ``seconds`` (database clock): enqueues of due
-        tasks to ``queues`` notify it, and where ``handoff``, a single enqueue to ``queues``
-        writes its row RUNNING for the worker (under ``lease``) and names it to the worker
-        on ``handoff_channel`` (which the worker must be listening on; it then reads the row,
-        see adopt_handed); ``skip_names`` are claimed the usual way only. Single enqueues that
-        looked for a waiting worker before this and found none have committed when it returns:
-        a claim after it sees them."""
+        tasks to ``queues`` notify it, and where ``handoff``, single enqueues to ``queues``
+        name their row to it alone on ``handoff_channel`` (which the worker must be listening
+        on; it then claims that row, see claim_handed); ``skip_names`` are claimed the usual
+        way only. Single enqueues that looked for a waiting worker before
+        this and found none have committed when it returns: a claim after it sees them."""
         params = {
             "worker": worker,
             "channel": handoff_channel(self.schema, worker),
@@ -1556,12 +1555,35 @@ class Broker:
         rows: list[Any] = self._all("adopt", params, row_factory=_CLAIMED_ROWS)
         return rows
 
-    def adopt_handed(self, worker: str, ids: Sequence[str]) -> list[ClaimedTask]:
-        """The rows ``ids`` (named by a hand-off notification) that ``worker`` holds RUNNING,
-        as a claim returns them: what the table says the worker was handed."""
-        params = {"worker": worker, "ids": list(ids)}
-        rows: list[Any] = self._all("adopt_handed", params, row_factory=_CLAIMED_ROWS)
-        return rows
+    def claim_handed(
+        self,
+        worker: str,
+        ids: Sequence[str],
+        queues: Sequence[str],
+        lease: float,
+        conn: psycopg.Connection[Any] | None = None,
+        rates: Mapping[str, float] | None = None,
+    ) -> list[ClaimedTask]:
+        """Claim the rows ``ids`` a hand-off named, as ``claim`` would claim them (PENDING,
+        due, of ``queues``, limits decided): the rows this worker now owns."""
+        params: dict[str, Any] = {
+            "worker": worker,
+            "ids": list(ids),
+            "queues": list(queues),
+            "limit": len(ids),
+            "scan": len(ids),
+            "lease": lease,
+            "rate_names": list(rates or ()),
+            "rate_every": list((rates or {}).values()),
+        }
+        # The plain claim leaves rows of rate-limited tasks alone, and says when a row under a
+        # concurrency limit needs the full one.
+        rows: list[Any] = self._all("claim_handed_plain", params, conn, row_factory=_CLAIMED_ROWS)
+        if rows and rows[0].set_aside == LIMITED:
+            rows = self._all("claim_handed", params, conn, row_factory=_CLAIMED_ROWS)
+        claimed = [row for row in rows if row.set_aside is None]
+        claimed.sort(key=_claim_order)
+        return claimed
 
     def may_follow(self, task_id: str, name: str, queue: str, priority: int) -> bool:
         """Whether the source of the row ``task_id`` may enqueue ``name`` to ``queue`` at

@@ -57,7 +57,7 @@ FUNCTIONS = (
     ("notify_result", ""),
     ("enforce_quotas", ""),
     ("concurrency_key", "jsonb"),
-    ("hand_off_row", ""),
+    ("hand_off", "text, text, text"),
     # The hand-off of older versions, for their producers during an upgrade: hands off nothing.
     (
         "hand_off",
@@ -68,37 +68,18 @@ FUNCTIONS = (
     ("may_enqueue", "text, text, text, integer"),
     ("refuse_unclaimed_outcome", ""),
 )
-#: The functions a producer's statements call: the concurrency key of the task table's index
-#: (trigger functions, the hand-off's and the wake-up's among them, need no EXECUTE).
-PRODUCER_FUNCTIONS = (("concurrency_key", "jsonb"),)
-#: A worker's: a producer's, the wake-up of its own enqueues, and the check of the follow-ups
-#: it enqueues.
-WORKER_FUNCTIONS = (
-    *PRODUCER_FUNCTIONS,
+#: The functions a producer's statements call (an enqueue's hand-off and wake-up, and the
+#: concurrency key of the task table's index); the trigger functions run without EXECUTE.
+PRODUCER_FUNCTIONS = (
+    ("concurrency_key", "jsonb"),
+    ("hand_off", "text, text, text"),
     ("wake", "text"),
-    ("may_enqueue", "text, text, text, integer"),
 )
-#: The columns of a task row a producer writes: its data. Who runs it, its state, its attempts
-#: and its source are the database's to write (defaults, and the hand-off's trigger).
-PRODUCER_COLUMNS = (
-    "id",
-    "name",
-    "queue",
-    "priority",
-    "run_at",
-    "expires_at",
-    "content_type",
-    "content_encoding",
-    "payload",
-    "payload_raw",
-    "headers",
-    "max_retries",
-    "unique_key",
-    "unique_until_started",
-)
+#: A worker's: a producer's, and the check of the follow-ups it enqueues.
+WORKER_FUNCTIONS = (*PRODUCER_FUNCTIONS, ("may_enqueue", "text, text, text, integer"))
 #: Tables a producer writes, and how.
 PRODUCER_TABLES = {
-    "tasks": ("SELECT",),  # and INSERT of PRODUCER_COLUMNS
+    "tasks": ("SELECT", "INSERT"),
     "results": ("SELECT",),
     "workers": ("SELECT",),
     "chords": ("INSERT",),
@@ -106,6 +87,9 @@ PRODUCER_TABLES = {
     "quotas": ("SELECT",),
     # A unique task's key held for a window is taken (or found held) by an upsert.
     "unique_keys": ("SELECT", "INSERT", "UPDATE"),
+    # A single enqueue looks for a parked worker; taking one is hand_off's, which runs with
+    # its owner's rights.
+    "parked_workers": ("SELECT",),
     "migrations": ("SELECT",),
 }
 WORKER_RIGHTS = ("SELECT", "INSERT", "UPDATE", "DELETE")
@@ -181,12 +165,8 @@ def _producer_check(roles: Roles) -> sql.Composable:
     return sql.SQL(" AND ").join(
         [
             sql.SQL(
-                # A fresh waiting row, or one the hand-off's trigger just wrote RUNNING for a
-                # parked worker (the producer's rights do not reach those columns).
-                "(status = 'PENDING' AND attempt = 0 AND claimed_by IS NULL"
-                " AND lease_until IS NULL OR status = 'RUNNING' AND attempt = 1"
-                " AND claimed_by IS NOT NULL AND lease_until IS NOT NULL)"
-                " AND retries = 0 AND requeued_attempt = 0 AND NOT cancel_requested"
+                "status = 'PENDING' AND attempt = 0 AND retries = 0 AND requeued_attempt = 0"
+                " AND claimed_by IS NULL AND lease_until IS NULL AND NOT cancel_requested"
                 " AND error IS NULL AND traceback IS NULL"
             ),
             # Its own source: quotas count by it, and follow-ups inherit it.
@@ -259,11 +239,6 @@ def statements(schema: str, roles: Roles) -> list[sql.Composed]:
             )
         for name, rights in PRODUCER_TABLES.items():
             out.append(sql.SQL("GRANT {} ON {} TO {}").format(_rights(rights), table(name), role))
-        out.append(
-            sql.SQL("GRANT INSERT ({}) ON {} TO {}").format(
-                sql.SQL(", ").join(sql.Identifier(c) for c in PRODUCER_COLUMNS), tasks, role
-            )
-        )
         for name, args in PRODUCER_FUNCTIONS:
             out.append(
                 sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(function(name, args), role)

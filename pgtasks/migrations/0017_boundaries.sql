@@ -1,71 +1,44 @@
 -- Roles as a boundary, notifications as hints (DESIGN invariants 11 and 12).
 --
 -- A notification can be sent by any role that can connect, so nothing a worker does may rest
--- on one: a hand-off now names the task's id only, and the worker reads the row in the
--- database (RUNNING, its own) before it runs anything. Only the database can write a row
--- RUNNING for a worker at enqueue: a trigger that runs with its owner's rights, where a
--- producer's own rights cover the row's data and nothing else (see pgtasks.grants).
+-- on one: a hand-off now names the task's id only, and the worker claims that row in the
+-- database (as any claim does: due, PENDING, one of its queues) before it runs anything. An
+-- enqueue no longer writes RUNNING rows for a worker: the producer's row is PENDING like any
+-- other, and its rights can be pinned to exactly that (see pgtasks.grants).
 
--- Direct hand-off, as a trigger on the row a single enqueue writes (insert_task_handoff sets
--- pgtasks.handoff for its transaction): a row that can start now (due, not expired, under no
--- concurrency limit) takes one parked worker of its queue that does not rate-limit its task,
--- and is written RUNNING for it (attempt 1, under its lease); the worker is told the row's
--- id on its own channel. With pgtasks.early, such a transaction commits without waiting for
--- the WAL flush (see insert_task_handoff). A due row not handed off wakes a waiting worker
--- (wake). The row's RUNNING state comes only from here: a producer may not write the
--- columns that say who runs a row.
-CREATE FUNCTION {schema}.hand_off_row() RETURNS trigger
-    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    w {schema}.parked_workers;
-BEGIN
-    -- This row wakes workers itself (a hand-off, or wake; a row not due wakes nobody): not
-    -- the statement's trigger too.
-    PERFORM set_config('pgtasks.gated', 'on', true);
-    IF NEW.status <> 'PENDING' OR NEW.run_at > now() THEN
-        RETURN NEW;
-    END IF;
-    IF (NEW.expires_at IS NULL OR NEW.expires_at > now())
-       AND {schema}.concurrency_key(NEW.headers) IS NULL
-       AND EXISTS (SELECT 1 FROM {schema}.parked_workers WHERE handoff AND until > now()) THEN
-        DELETE FROM {schema}.parked_workers AS p
-         WHERE p.worker = (SELECT q.worker FROM {schema}.parked_workers AS q
-                            WHERE q.handoff AND NEW.queue = ANY(q.queues)
-                              AND NEW.name <> ALL(q.skip_names) AND q.until > now()
-                            LIMIT 1
-                              FOR UPDATE SKIP LOCKED)
-        RETURNING p.* INTO w;
-    END IF;
-    IF w.worker IS NULL THEN
-        PERFORM {schema}.wake(NEW.queue);
-        RETURN NEW;
-    END IF;
-    NEW.status := 'RUNNING';
-    NEW.attempt := 1;
-    NEW.claimed_by := w.worker;
-    NEW.lease_until := now() + make_interval(secs => w.lease);
-    IF current_setting('pgtasks.early', true) = 'on' THEN
-        PERFORM set_config('synchronous_commit', 'off', true);
-    END IF;
-    PERFORM pg_notify(w.channel, json_build_array(NEW.id)::text);
-    RETURN NEW;
-END
-$$;
-CREATE TRIGGER tasks_hand_off BEFORE INSERT ON {schema}.tasks
-    FOR EACH ROW WHEN (current_setting('pgtasks.handoff', true) = 'on')
-    EXECUTE FUNCTION {schema}.hand_off_row();
-
--- The hand_off of older versions: their producers, still running while an upgrade rolls out,
--- call it (it wrote the row RUNNING for the worker and sent the row whole). It now hands off
+-- Take a parked worker of p_queue for a task the caller is inserting, and tell it the task's
+-- id on its own channel. Returns the worker, or NULL when none is parked. A definer's
+-- function, so that producers need no rights on parked_workers beyond reading it; calling it
+-- without inserting the row costs a park and makes a worker look for a row it will not find.
+--
+-- Producers of an older pgtasks, still running while an upgrade rolls out, call the old
+-- hand_off (which wrote the row RUNNING for the worker and sent it whole): it now hands off
 -- nothing, and their rows are written PENDING and claimed as usual.
-DROP FUNCTION {schema}.hand_off(
-    text, text, text, integer, integer, text, text, text, bytea, jsonb, timestamptz, timestamptz);
-CREATE FUNCTION {schema}.hand_off(
+CREATE OR REPLACE FUNCTION {schema}.hand_off(
     p_id text, p_name text, p_queue text, p_priority integer, p_max_retries integer,
     p_content_type text, p_content_encoding text, p_payload text, p_payload_raw bytea,
     p_headers jsonb, p_run_at timestamptz, p_expires_at timestamptz
 ) RETURNS {schema}.parked_workers LANGUAGE sql AS $$
     SELECT NULL::{schema}.parked_workers
+$$;
+CREATE FUNCTION {schema}.hand_off(p_id text, p_name text, p_queue text) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    w {schema}.parked_workers;
+BEGIN
+    DELETE FROM {schema}.parked_workers AS p
+     WHERE p.worker = (SELECT q.worker FROM {schema}.parked_workers AS q
+                        WHERE q.handoff AND p_queue = ANY(q.queues)
+                          AND p_name <> ALL(q.skip_names) AND q.until > now()
+                        LIMIT 1
+                          FOR UPDATE SKIP LOCKED)
+    RETURNING p.* INTO w;
+    IF w.worker IS NULL THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_notify(w.channel, json_build_array(p_id)::text);
+    RETURN w.worker;
+END
 $$;
 
 -- wake() as before, run with its owner's rights for the same reason.
@@ -150,7 +123,7 @@ REVOKE ALL ON FUNCTION {schema}.notify_due() FROM PUBLIC;
 REVOKE ALL ON FUNCTION {schema}.notify_result() FROM PUBLIC;
 REVOKE ALL ON FUNCTION {schema}.enforce_quotas() FROM PUBLIC;
 REVOKE ALL ON FUNCTION {schema}.concurrency_key(jsonb) FROM PUBLIC;
-REVOKE ALL ON FUNCTION {schema}.hand_off_row() FROM PUBLIC;
+REVOKE ALL ON FUNCTION {schema}.hand_off(text, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {schema}.hand_off(
     text, text, text, integer, integer, text, text, text, bytea, jsonb, timestamptz, timestamptz)
     FROM PUBLIC;
@@ -172,7 +145,8 @@ BEGIN
     LOOP
         IF r.right_ = 'INSERT' THEN
             EXECUTE format('GRANT EXECUTE ON FUNCTION {schema}.concurrency_key(jsonb),'
-                           ' {schema}.wake(text) TO %s', r.role);
+                           ' {schema}.hand_off(text, text, text), {schema}.wake(text) TO %s',
+                           r.role);
         ELSE
             EXECUTE format('GRANT EXECUTE ON FUNCTION {schema}.may_enqueue(text, text, text,'
                            ' integer) TO %s', r.role);

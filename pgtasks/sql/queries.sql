@@ -16,35 +16,50 @@ VALUES
 
 -- name: insert_task_handoff
 -- insert_task outside a caller's transaction: a task that can start now (due, not expired,
--- not rate-limited there, under no concurrency limit) goes straight to a parked worker of its
--- queue (see parked_workers and the trigger tasks_hand_off): the row is written RUNNING for
--- that worker, attempt 1 under its lease, and the worker is told its id by NOTIFY; it reads
--- the row it now holds and starts it, without a claim's scan or sharing the wake-up with
--- every waiting worker. No worker parked: the row is written PENDING, as ever, at the cost of
--- one look at an empty table, and wakes a waiting worker itself (wake, which notifies only
--- while one waits; the trigger then sets "gated", which keeps tasks_notify_insert off).
+-- not rate-limited there) is handed to a parked worker of its queue (see parked_workers and
+-- hand_off): the worker is told the row's id and claims that row at once, without waiting
+-- for its next poll or sharing the wake-up with every waiting worker. The row itself is
+-- PENDING like any other: the notification only tells the worker where to look. No worker
+-- parked: the row is written as ever, at the cost of one look at an empty table. A row not
+-- handed off wakes a waiting worker itself (wake, which notifies only while one waits), and
+-- "gated" keeps the trigger tasks_notify_insert off.
 -- Where %(early)s, a handed-off row commits without waiting for the WAL flush ("early"), so
 -- that its NOTIFY leaves, and the task starts, while the disk is still writing; the caller
--- then runs flush_commit before it returns (RETURNING says when), and the row is on disk by
+-- then runs flush_commit before it returns (handed_off says when), and the row is on disk by
 -- then all the same. A crash of the server in between can take back a row whose task has
 -- started: the caller's enqueue fails, and the worker's fenced write finds no row.
-INSERT INTO {schema}.tasks
-    (id, name, queue, priority, run_at, expires_at, content_type, content_encoding,
-     payload, payload_raw, headers, max_retries)
-SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, v.run_at, v.expires_at,
-       %(content_type)s, %(content_encoding)s, %(payload)s::json, %(payload_raw)s::bytea,
-       %(headers)s::jsonb, %(max_retries)s
-  FROM (SELECT COALESCE(%(eta)s::timestamptz,
-                        now() + make_interval(secs => COALESCE(%(countdown)s::float8, 0)))
-                 AS run_at,
-               COALESCE(%(expires_at)s::timestamptz,
-                        now() + make_interval(secs => %(expires_in)s::float8))
-                 AS expires_at,
-               set_config('pgtasks.handoff', 'on', true) AS handoff,
-               set_config('pgtasks.early', CASE WHEN %(early)s::bool THEN 'on' ELSE 'off' END,
-                          true) AS early
-        OFFSET 0) AS v
-RETURNING claimed_by IS NOT NULL AS handed_off
+WITH o AS (
+    SELECT h.w, h.run_at, h.expires_at,
+           CASE WHEN h.w IS NULL AND h.run_at <= now()
+                THEN {schema}.wake(%(queue)s::text) END AS woke,
+           set_config('pgtasks.gated', 'on', true) AS gated,
+           CASE WHEN %(early)s::bool AND h.w IS NOT NULL
+                THEN set_config('synchronous_commit', 'off', true) END AS early
+      FROM (
+        SELECT CASE WHEN v.run_at <= now() AND (v.expires_at IS NULL OR v.expires_at > now())
+                     AND EXISTS (SELECT 1 FROM {schema}.parked_workers
+                                  WHERE handoff AND until > now())
+                    THEN {schema}.hand_off(%(id)s::text, %(name)s::text, %(queue)s::text)
+               END AS w,
+               v.run_at, v.expires_at
+          FROM (SELECT COALESCE(%(eta)s::timestamptz,
+                                now() + make_interval(secs => COALESCE(%(countdown)s::float8, 0)))
+                         AS run_at,
+                       COALESCE(%(expires_at)s::timestamptz,
+                                now() + make_interval(secs => %(expires_in)s::float8))
+                         AS expires_at) AS v
+        OFFSET 0) AS h
+), ins AS (
+    INSERT INTO {schema}.tasks
+        (id, name, queue, priority, run_at, expires_at, content_type, content_encoding,
+         payload, payload_raw, headers, max_retries)
+    SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, o.run_at, o.expires_at,
+           %(content_type)s, %(content_encoding)s, %(payload)s::json, %(payload_raw)s::bytea,
+           %(headers)s::jsonb, %(max_retries)s
+      FROM o
+    RETURNING 1
+)
+SELECT o.w IS NOT NULL AS handed_off FROM o, ins
 
 -- name: flush_commit
 -- Returns once the WAL written before it is on disk (and, under synchronous replication, on
@@ -208,27 +223,45 @@ RETURNING id, name, status, source
 -- NULL): the caller then claims with claim_batch, which decides that row's limit. The caller
 -- passes its limit as %(scan)s: the plain claim reads no further than it starts.
 -- insert: claim_due
-), plain AS (
-    SELECT NOT EXISTS (SELECT FROM due WHERE limit_key IS NOT NULL) AS ok
-), claimed AS (
-    UPDATE {schema}.tasks AS t
-       SET status = 'RUNNING', claimed_by = %(worker)s,
-           -- A row edited by hand to the integer's top must not fail every claim of its queue.
-           attempt = LEAST(t.attempt, 2147483646) + 1,
-           lease_until = now() + make_interval(secs => %(lease)s::float8),
-           updated_at = now()
-     -- By primary key, as claim_batch finds them.
-     WHERE t.id = ANY(ARRAY(SELECT id FROM due)) AND (SELECT ok FROM plain)
-    RETURNING
--- insert: claimed_columns
-              NULL::text AS set_aside
-)
-SELECT * FROM claimed
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, 'LIMITED'
-  FROM plain
- WHERE NOT ok
+-- insert: claim_unlimited
+
+-- name: claim_handed_plain
+-- claim_handed as claim_plain claims: the rows a hand-off named that are PENDING, due and of
+-- this worker's queues, unless their task is rate-limited on this worker (those are left for
+-- the worker's usual claims, which decide rate limits; a producer never hands them off, so only
+-- a forged notification names them) or one of them is under a concurrency limit ('LIMITED':
+-- the caller then claims with claim_handed).
+WITH due AS (
+-- insert: due_columns
+      -- One primary-key lookup a named id (a plan of its own would read the queue's index).
+      FROM unnest(%(ids)s::text[]) AS h(id)
+     CROSS JOIN LATERAL (
+-- insert: due_row
+               AND id = h.id
+               AND queue = ANY(%(queues)s::text[])
+               AND name <> ALL(%(rate_names)s::text[])
+               AND run_at <= now()
+               FOR UPDATE SKIP LOCKED
+           ) AS c
+-- insert: claim_unlimited
+
+-- name: claim_handed
+-- claim_batch for the rows a hand-off named (see insert_task_handoff): the same checks as any
+-- claim (PENDING, due, one of this worker's queues, limits decided), so that a notification,
+-- which any role that can connect may send, never makes a worker run what the table does not
+-- say it may. A row another worker claimed first is simply not found.
+WITH due AS (
+-- insert: due_columns
+      -- One primary-key lookup a named id (a plan of its own would read the queue's index).
+      FROM unnest(%(ids)s::text[]) AS h(id)
+     CROSS JOIN LATERAL (
+-- insert: due_row
+               AND id = h.id
+               AND queue = ANY(%(queues)s::text[])
+               AND run_at <= now()
+               FOR UPDATE SKIP LOCKED
+           ) AS c
+-- insert: claim_limited
 
 -- name: claim_batch_from_floors
 -- claim_batch for a worker whose full claims have become slow (see pgtasks.worker.floors): the
@@ -715,18 +748,6 @@ DELETE FROM {schema}.parked_workers AS p
 -- and as it stops.
 -- insert: adopted_row
  WHERE t.status = 'RUNNING' AND t.claimed_by = %(worker)s AND t.id <> ALL(%(known)s::text[])
-
--- name: adopt_handed
--- The rows a hand-off named to this worker (see insert_task_handoff), read back from the table:
--- only rows this worker holds RUNNING, so that a notification, which any role that can connect
--- may send, never makes it run what the table does not say is its own. One primary-key lookup
--- a named id.
--- insert: adopted_columns
-  FROM unnest(%(ids)s::text[]) AS h(id)
-  JOIN {schema}.tasks AS t ON t.id = h.id
- -- "IS TRUE": not the lease index's predicate, which the planner would otherwise read whole
- -- (see renew_leases).
- WHERE (t.status = 'RUNNING') IS TRUE AND t.claimed_by = %(worker)s
 
 -- name: heartbeat_worker
 -- Mark a worker alive.
@@ -1435,6 +1456,31 @@ WITH due AS (
        (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
        t.created_at, t.requeued_attempt,
 
+-- fragment: claim_unlimited
+-- The end of claim_plain and claim_handed_plain, from their CTE "due": the update, unless a
+-- picked row is under a concurrency limit ('LIMITED').
+), plain AS (
+    SELECT NOT EXISTS (SELECT FROM due WHERE limit_key IS NOT NULL) AS ok
+), claimed AS (
+    UPDATE {schema}.tasks AS t
+       SET status = 'RUNNING', claimed_by = %(worker)s,
+           -- A row edited by hand to the integer's top must not fail every claim of its queue.
+           attempt = LEAST(t.attempt, 2147483646) + 1,
+           lease_until = now() + make_interval(secs => %(lease)s::float8),
+           updated_at = now()
+     -- By primary key, as claim_batch finds them.
+     WHERE t.id = ANY(ARRAY(SELECT id FROM due)) AND (SELECT ok FROM plain)
+    RETURNING
+-- insert: claimed_columns
+              NULL::text AS set_aside
+)
+SELECT * FROM claimed
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL, 'LIMITED'
+  FROM plain
+ WHERE NOT ok
+
 -- fragment: claim_limited
 -- The end of both claims, from their CTE "due" (the rows picked, in claim order, with their
 -- limit_key, limit_max, name, expires_at and whether they hold a rate slot): rate limits,
@@ -1560,15 +1606,11 @@ RETURNING
 -- insert: claimed_columns
           CASE WHEN t.claimed_by IS NULL THEN t.status END AS set_aside
 
--- fragment: adopted_columns
--- A row this worker holds (t), as a claim returns it (pgtasks.message.ClaimedTask's fields).
+-- fragment: adopted_row
+-- A row this worker holds, as a claim returns it (pgtasks.message.ClaimedTask's fields).
 SELECT
 -- insert: claimed_columns
        NULL::text AS set_aside
-
--- fragment: adopted_row
--- adopted_columns from the task table.
--- insert: adopted_columns
   FROM {schema}.tasks AS t
 
 -- fragment: completion_input

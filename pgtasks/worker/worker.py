@@ -544,11 +544,11 @@ class Worker:
         return True
 
     def _handed(self, payload: str, here: bool = False) -> RunHere | None:
-        """A hand-off (on the listener's thread): an enqueue wrote a task RUNNING for this
-        worker and names it. The notification is only a hint, which any role that can connect
-        could send: the worker reads the rows it names, and runs those the table says it
-        holds. With ``here``, a task that can start at once is returned instead, to run on
-        that thread."""
+        """A hand-off (on the listener's thread): an enqueue names a task it wrote for this
+        worker. The notification is only a hint, which any role that can connect could send:
+        the worker claims the rows it names in the database, as any claim does, and runs
+        what that claim gave it. With ``here``, a task that can start at once is returned
+        instead, to run on that thread."""
         run: RunHere | None = None
         self._handoffs += 1
         # A hand-off takes this worker's row.
@@ -558,20 +558,20 @@ class Worker:
         ids = handed_ids(payload)
         if not ids:
             self.log.warning("worker.handoff_ignored", reason="not a list of task ids")
-        else:
+        elif not self._stopping.is_set():
             try:
-                rows = self.app.broker.adopt_handed(self.id, ids)
-                if len(rows) < len(ids):
+                with self._claiming() as conn:
+                    rows = self.app.broker.claim_handed(
+                        self.id, ids, self.queues, self.lease, conn, self._rate_intervals()
+                    )
+                if len(rows) < len(ids) and self._debug:
                     found = {row.id for row in rows}
-                    self.log.warning(
-                        "worker.handoff_ignored",
-                        reason="not held by this worker",
-                        tasks=[i for i in ids if i not in found],
+                    self.log.debug(
+                        "worker.handoff_not_claimed", tasks=[i for i in ids if i not in found]
                     )
                 run = self._take(rows, here)
             except Exception as exc:
-                # The rows stay RUNNING under this worker's lease until it runs out, then run
-                # elsewhere: late, never lost.
+                # Nothing was claimed, or the rows' leases bring them back: late, never lost.
                 self.log.error("worker.loop_error", during="hand-off", error=str(exc))
                 self.metrics.loop_error("hand-off")
         if self.pool.free_slots() > 0:

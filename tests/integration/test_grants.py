@@ -241,21 +241,26 @@ def test_a_producer_role_hands_tasks_to_parked_workers(
     try:
         worker_app.broker.park("ghost", ["reports"], 30.0, 60.0)
         handed = producer.tasks["reports.build"].apply_async((1,), queue="reports")
-        # The park is taken and the row written RUNNING for the worker by the hand-off's
-        # trigger, which runs with its owner's rights; the row is still the producer's own.
+        # The park is taken (by hand_off, which runs with its owner's rights), and the row
+        # is the producer's own waiting row, which the worker then claims.
         assert one(db, "SELECT count(*) AS n FROM parked_workers")["n"] == 0
-        assert one(
-            db, "SELECT status, claimed_by, source FROM tasks WHERE id = %s", (handed.id,)
-        ) == {
-            "status": "RUNNING",
-            "claimed_by": "ghost",
+        assert one(db, "SELECT status, source FROM tasks WHERE id = %s", (handed.id,)) == {
+            "status": "PENDING",
             "source": roles.producer,
         }
-        (adopted,) = worker_app.broker.adopt_handed("ghost", [handed.id])
-        assert adopted.id == handed.id
+        (claimed,) = worker_app.broker.claim_handed("ghost", [handed.id], ["reports"], 30.0)
+        assert claimed.id == handed.id
         # It may wait for the WAL flush itself, so its hand-offs commit before the flush.
         assert producer.broker.early_ok is True
-        # Refused for its own reasons, handed off or not.
+        # A producer granted its rights before the schema had the hand-off's table: its
+        # enqueues go the plain way.
+        db.execute(f'REVOKE ALL ON parked_workers FROM "{roles.producer}"')
+        worker_app.broker.park("ghost", ["reports"], 30.0, 60.0)
+        plain = producer.tasks["reports.build"].apply_async((2,), queue="reports")
+        assert one(db, "SELECT status FROM tasks WHERE id = %s", (plain.id,)) == {
+            "status": "PENDING"
+        }
+        # Refused for its own reasons, it is still refused.
         with pytest.raises(NotPermitted):
             producer.tasks["billing.charge"].delay(1)
     finally:

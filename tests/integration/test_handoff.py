@@ -1,7 +1,7 @@
 """Direct hand-off against a real PostgreSQL: an idle worker parks, a single enqueue of a task
-that can start now is written RUNNING for that worker and named to it by NOTIFY, the worker
-reads that row, and every way of missing that notification (a worker that died parked, a
-listening connection that broke, a stop) still runs the task once."""
+that can start now takes that park and names the row to the worker by NOTIFY, the worker claims
+that row, and every way of missing that notification (a worker that died parked, a listening
+connection that broke, a stop) still runs the task once."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def parked(db: psycopg.Connection[Any], worker: str) -> bool:
     return bool(found)
 
 
-def test_an_enqueue_hands_a_parked_worker_its_claimed_row_by_id(
+def test_an_enqueue_names_its_row_to_a_parked_worker_which_claims_it(
     app: Celery, db: psycopg.Connection[Any], listening: psycopg.Connection[Any]
 ) -> None:
     @app.task(name="handoff.add")
@@ -64,24 +64,26 @@ def test_an_enqueue_hands_a_parked_worker_its_claimed_row_by_id(
 
     park_ghost(app, lease=7.0)
     sent = add.apply_async((2, 3), priority=4, expires=600)
+    # The row is a waiting row like any other: only the worker's claim makes it RUNNING.
     row = task_row(db, sent.id)
-    assert (row["status"], row["claimed_by"], row["attempt"]) == ("RUNNING", "ghost", 1)
-    lease = one(db, "SELECT lease_until - now() AS left FROM tasks WHERE id = %s", (sent.id,))
-    assert 6.0 < lease["left"].total_seconds() <= 7.0
+    assert (row["status"], row["claimed_by"], row["attempt"]) == ("PENDING", None, 0)
     # The park is used up: the next task waits for a claim.
     assert not parked(db, "ghost")
     second = add.delay(1, 1)
     assert status(db, second.id) == "PENDING"
 
-    # The notification names the row and carries nothing else: the worker reads the row.
+    # The notification names the row and carries nothing else: not its arguments, not a state.
     (payload,) = notes(listening)
     assert payload == f'["{sent.id}"]'
     assert handed_ids(payload) == [sent.id]
-    (handed,) = app.broker.adopt_handed("ghost", [sent.id])
-    # Exactly the row a claim (or an adoption) of it reads back.
-    (adopted,) = app.broker.adopt("ghost")
-    assert handed == adopted
-    assert (handed.id, handed.attempt, handed.priority) == (sent.id, 1, 4)
+    (claimed,) = app.broker.claim_handed("ghost", [sent.id], ["celery"], 7.0)
+    assert (claimed.id, claimed.attempt, claimed.priority) == (sent.id, 1, 4)
+    row = task_row(db, sent.id)
+    assert (row["status"], row["claimed_by"], row["attempt"]) == ("RUNNING", "ghost", 1)
+    lease = one(db, "SELECT lease_until - now() AS left FROM tasks WHERE id = %s", (sent.id,))
+    assert 6.0 < lease["left"].total_seconds() <= 7.0
+    # Claimed once: a second look finds nothing to claim.
+    assert app.broker.claim_handed("ghost", [sent.id], ["celery"], 7.0) == []
 
 
 def test_a_large_row_is_named_the_same_way(
@@ -91,21 +93,28 @@ def test_a_large_row_is_named_the_same_way(
     sent = app.send_task("handoff.big", args=["x" * 10_000])
     (payload,) = notes(listening)
     assert handed_ids(payload) == [sent.id]
-    (row,) = app.broker.adopt_handed("ghost", [sent.id])
+    (row,) = app.broker.claim_handed("ghost", [sent.id], ["celery"], 30.0)
     assert row.id == sent.id and row.attempt == 1 and "x" * 10_000 in (row.payload or "")
 
 
-def test_a_hand_off_read_finds_only_rows_the_worker_holds(
+def test_the_claim_of_a_handed_row_decides_limits_like_any_claim(
     app: Celery, db: psycopg.Connection[Any]
 ) -> None:
-    """A notification may name any id: the worker's read of it returns only rows the table
-    says this worker holds RUNNING."""
-    waiting = app.send_task("handoff.any")
-    park_ghost(app)
-    theirs = app.send_task("handoff.any")
-    assert task_row(db, theirs.id)["claimed_by"] == "ghost"
-    assert app.broker.adopt_handed("w", [waiting.id, theirs.id, "no-such-id"]) == []
-    assert (status(db, waiting.id), status(db, theirs.id)) == ("PENDING", "RUNNING")
+    """A notification may name any row: the worker's claim of it still leaves a row of a task
+    it rate-limits to its usual claims, holds a row to its concurrency limit, and takes only
+    rows of its queues."""
+    rated = app.send_task("handoff.rated")
+    assert (
+        app.broker.claim_handed("w", [rated.id], ["celery"], 30.0, rates={"handoff.rated": 60})
+        == []
+    )
+    assert status(db, rated.id) == "PENDING"
+    limit = {"concurrency_key": "k", "concurrency_limit": 1}
+    first, second = (app.send_task("handoff.limited", headers=limit) for _ in range(2))
+    elsewhere = app.send_task("handoff.any", queue="other")
+    claimed = app.broker.claim_handed("w", [first.id, second.id, elsewhere.id], ["celery"], 30.0)
+    assert [row.id for row in claimed] == [first.id]
+    assert (status(db, second.id), status(db, elsewhere.id)) == ("BLOCKED", "PENDING")
 
 
 @pytest.mark.parametrize(
@@ -279,7 +288,7 @@ def test_a_role_that_cannot_wait_for_the_flush_hands_off_with_a_durable_commit(
     assert commit_modes()[handed.id]["mode"] != "off"
 
 
-def test_an_idle_worker_runs_a_delay_without_claiming_it(
+def test_an_idle_worker_claims_only_the_row_it_was_handed(
     app: Celery, db: psycopg.Connection[Any], worker_factory: Any
 ) -> None:
     @app.task(name="handoff.echo")
@@ -367,20 +376,22 @@ def test_a_worker_with_no_slot_left_claims_when_its_handed_task_ends(
         wait_until(lambda: parked(db, worker.id), what="the worker to park after it")
 
 
-def test_a_task_handed_to_a_dead_worker_runs_after_its_lease(
+def test_a_task_handed_to_a_dead_worker_runs_at_once_elsewhere(
     app: Celery, db: psycopg.Connection[Any], worker_factory: Any
 ) -> None:
     @app.task(name="handoff.once")
     def once() -> str:
         return "ran"
 
-    # A worker that parked and was killed: the enqueue hands it the task, nobody hears.
+    # A worker that parked and was killed: the enqueue hands it the task, nobody hears. The
+    # row waits, PENDING, for the next claim.
     park_ghost(app, lease=1.0)
     sent = once.delay()
-    assert task_row(db, sent.id)["claimed_by"] == "ghost"
+    assert not parked(db, "ghost")
+    assert status(db, sent.id) == "PENDING"
     with worker_factory():
         assert sent.get(timeout=20) == "ran"
-    assert [(a, o) for a, _, o in attempts(db, sent.id)] == [(1, "lost"), (2, "completed")]
+    assert [(a, o) for a, _, o in attempts(db, sent.id)] == [(1, "completed")]
 
 
 def held_unknowingly(db: psycopg.Connection[Any], worker: str, task_id: str) -> None:
@@ -393,7 +404,7 @@ def held_unknowingly(db: psycopg.Connection[Any], worker: str, task_id: str) -> 
     )
 
 
-def test_a_worker_whose_listener_broke_finds_what_was_handed_to_it(
+def test_a_worker_whose_listener_broke_finds_what_it_holds_unknowingly(
     app: Celery, db: psycopg.Connection[Any], worker_factory: Any
 ) -> None:
     ran = threading.Event()
@@ -405,8 +416,8 @@ def test_a_worker_whose_listener_broke_finds_what_was_handed_to_it(
 
     with worker_factory(concurrency=1) as worker:
         wait_until(lambda: parked(db, worker.id), what="the worker to park")
-        # A task handed to the worker whose notification never came (the row is written
-        # here by hand, as the hand-off would have written it).
+        # A row this worker holds but does not know of (written here by hand, as a claim
+        # whose answer never came back would have left it).
         sent = missed.apply_async(countdown=3600)
         held_unknowingly(db, worker.id, sent.id)
         # Then the listening connection breaks: once back, the worker looks for such rows.
@@ -447,7 +458,7 @@ def test_a_row_both_claimed_and_adopted_runs_once(
     assert [(a, o) for a, _, o in attempts(db, sent.id)] == [(1, "completed")]
 
 
-def test_a_stopping_worker_hands_back_what_it_was_handed(
+def test_a_stopping_worker_leaves_what_it_was_handed_waiting(
     app: Celery, db: psycopg.Connection[Any]
 ) -> None:
     @app.task(name="handoff.late")
@@ -459,10 +470,11 @@ def test_a_stopping_worker_hands_back_what_it_was_handed(
     thread.start()
     assert worker.ready.wait(30)
     wait_until(lambda: parked(db, worker.id), what="the worker to park")
-    # A hand-off whose notification has not been heard when the stop begins.
+    # A hand-off whose notification has not been heard when the stop begins: the row waits
+    # for any worker's claim.
     worker.listener.on_handoff = None
     sent = late.delay()
-    assert task_row(db, sent.id)["claimed_by"] == worker.id
+    assert not parked(db, worker.id)
     worker.stop()
     thread.join(30)
     row = task_row(db, sent.id)

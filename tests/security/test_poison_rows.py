@@ -301,8 +301,8 @@ def test_a_worker_handed_a_poisoned_row_dead_letters_it_alone(
 ) -> None:
     poison = POISONS["a header number of 100000 digits"]
     with capture_logs() as logs, worker_factory(concurrency=1 + BESIDE) as worker:
-        # Written RUNNING for this worker, as a hand-off writes them, and named by id.
-        claim = insert_claim(db, poison, **held_by(db, worker.id))
+        # Waiting rows named to the worker by id, as a hand-off names them.
+        claim = insert_claim(db, poison)
         channel = handoff_channel(limited.broker.schema, worker.id)
         for task_id in (claim.poisoned, *claim.innocent):
             db.execute("SELECT pg_notify(%s, json_build_array(%s::text)::text)", (channel, task_id))

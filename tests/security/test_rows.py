@@ -7,6 +7,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from pgtasks import quotas
 from pgtasks.contrib.testing import start_worker
@@ -157,9 +158,9 @@ def test_a_producer_reads_only_the_tasks_and_results_of_its_names_and_queues(
     with roles.connect(roles.producer) as conn:
         assert [r["id"] for r in rows(conn, "SELECT id FROM tasks")] == [mine.id]
         assert [r["task_id"] for r in rows(conn, "SELECT task_id FROM results")] == [mine.id]
-        conn.execute("SELECT * FROM workers")
+        for table in ("workers", "parked_workers"):
+            conn.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier(table)))
         for statement in (
-            "SELECT * FROM parked_workers",
             "SELECT * FROM producer_rules",
             "SELECT * FROM attempts",
             "SELECT * FROM chords",
