@@ -31,6 +31,11 @@ def _compare(celery: Path, pgtasks: Path) -> list[dict]:
     return rows
 
 
+def _verdict(rows: list[dict]) -> int:
+    """The exit status of a comparison: 1 when any scenario failed."""
+    return 0 if all(r["passed"] for r in rows) else 1
+
+
 def _report(celery: Path, pgtasks: Path, out: Path) -> None:
     c, p = cmp.load(celery), cmp.load(pgtasks)
     out.write_text(cmp.render(c, p, cmp.compare(c, p)))
@@ -55,11 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     everything.add_argument("--keep", action="store_true")
     args = parser.parse_args(argv)
 
+    status = 0
     try:
         if args.command == "run":
             _run(args.impl, args.out or RESULTS / f"results-{args.impl}.json", args.keep)
         elif args.command == "compare":
-            _compare(args.celery, args.pgtasks)
+            status = _verdict(_compare(args.celery, args.pgtasks))
         elif args.command == "report":
             _report(args.celery, args.pgtasks, args.out)
         else:
@@ -68,13 +74,13 @@ def main(argv: list[str] | None = None) -> int:
             for impl, path in files.items():
                 _run(impl, path, args.keep)
             _report(files["celery"], files["pgtasks"], HERE / "COMPAT.md")
-            _compare(files["celery"], files["pgtasks"])
+            status = _verdict(_compare(files["celery"], files["pgtasks"]))
             print(f"== total {time.monotonic() - began:.0f}s", file=sys.stderr)
     except harness.HarnessError as exc:
         print(f"compat: {exc}", file=sys.stderr)
         return 2
-    # Failing scenarios are results, not errors: the last line says how many.
-    return 0
+    # A failing scenario fails the run (1); the last line says how many.
+    return status
 
 
 if __name__ == "__main__":
