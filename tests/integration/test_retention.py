@@ -23,6 +23,43 @@ def count(db: psycopg.Connection[Any], query: str) -> int:
     return int(row[0])
 
 
+def test_a_running_worker_prunes_rows_and_results_past_their_retention(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: Any
+) -> None:
+    """The worker's own maintenance, not a test calling the pruner: finished rows past
+    finished_task_retention go with their attempt history, results past result_expires go,
+    and younger ones stay."""
+
+    @app.task(name="retention.echo")
+    def echo(value: int) -> int:
+        return value
+
+    with worker_factory(pool="threads", concurrency=2):
+        old = [echo.delay(i) for i in range(3)]
+        assert [r.get(timeout=10) for r in old] == [0, 1, 2]
+        ids = [r.id for r in old]
+        # Past both retentions by the database clock (an hour for rows, a day for results).
+        db.execute(
+            "UPDATE tasks SET updated_at = now() - interval '2 days' WHERE id = ANY(%s)", (ids,)
+        )
+        db.execute(
+            "UPDATE results SET date_done = now() - interval '2 days' WHERE task_id = ANY(%s)",
+            (ids,),
+        )
+        young = echo.delay(7)
+        assert young.get(timeout=10) == 7
+
+        def gone() -> bool:
+            left = count(db, f"SELECT count(*) FROM tasks WHERE id IN {tuple(ids)}")
+            kept = count(db, f"SELECT count(*) FROM results WHERE task_id IN {tuple(ids)}")
+            return left == 0 and kept == 0
+
+        wait_until(gone, timeout=20, what="the worker's pruner to delete the old rows")
+    assert all(attempts(db, task_id) == [] for task_id in ids)
+    assert one(db, "SELECT status FROM tasks WHERE id = %s", (young.id,))["status"] == "COMPLETED"
+    assert count(db, f"SELECT count(*) FROM results WHERE task_id = '{young.id}'") == 1
+
+
 def test_pruner_works_off_a_backlog_in_batches(
     app: Celery, db: psycopg.Connection[Any], worker_factory: Any
 ) -> None:
