@@ -144,6 +144,13 @@ def test_planner_chord_creates_the_counter_with_members_in_order(app: Celery, ad
 def test_chord_member_must_stand_for_one_result(app: Celery, add: Any) -> None:
     # Nested groups are unrolled, so this is fine...
     Planner(app).add(chord([group(add.s(1, 1), add.s(2, 2)), add.s(3, 3)], add.s()))
+    # ... but a member that ends in a group stands for several results: its chord could not
+    # say which the body receives, so it is refused before anything is written.
+    fanning = chain(add.s(2, 2), group(add.s(1), add.s(2)))
+    planner = Planner(app)
+    with pytest.raises(ValueError, match="must stand for one result"):
+        planner.add(chord([add.s(1, 1), fanning], add.s()))
+    assert not planner.plan.messages and not planner.plan.chords
 
 
 def test_task_signature_options_and_subtask(add: Any) -> None:
