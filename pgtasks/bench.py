@@ -311,24 +311,32 @@ def _stat(pid: int) -> list[str] | None:
         return None
 
 
+#: Each process's threads as last read (nanoseconds by thread id): a thread that ended since
+#: still counts at its last reading, so that a process's total never goes back.
+_THREADS_SEEN: dict[int, dict[str, int]] = {}
+
+
 def _run_time(pid: int) -> float | None:
     """CPU seconds so far of ``pid``'s threads to the nanosecond, from each one's
     ``/proc/<pid>/task/<tid>/schedstat`` (None where the kernel keeps none, or the process
-    ended as it was read). Threads that ended are not counted: a worker's threads live as long
-    as it does."""
+    ended as it was read). A thread that ended counts with what it had used when last read
+    (the kernel drops its statistics): what it used after that is not counted."""
     try:
         tids = os.listdir(f"/proc/{pid}/task")
-        total = read = 0
+        now: dict[str, int] = {}
         for tid in tids:
             with (
                 contextlib.suppress(FileNotFoundError, ProcessLookupError),
                 open(f"/proc/{pid}/task/{tid}/schedstat") as f,
             ):
-                total += int(f.read().split()[0])
-                read += 1
+                now[tid] = int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    return total / 1e9 if read else None
+    if not now:
+        return None
+    seen = _THREADS_SEEN.setdefault(pid, {})
+    seen.update(now)
+    return sum(seen.values()) / 1e9
 
 
 def _cpu_seconds(pids: Sequence[int], command: str | None = None) -> dict[int, float]:

@@ -83,6 +83,29 @@ def test_cpu_seconds_count_every_thread_finer_than_a_tick() -> None:
     assert 0.002 <= bench._cpu_seconds([os.getpid()])[os.getpid()] - start < 0.01
 
 
+def test_cpu_seconds_never_go_back_when_a_thread_ends() -> None:
+    # The kernel drops an ended thread's statistics: its CPU must still count, or a reading
+    # taken after another test's threads ended comes out lower than one before.
+    if bench._run_time(os.getpid()) is None:
+        pytest.skip("the kernel keeps no scheduler statistics")
+    spun, done = threading.Event(), threading.Event()
+
+    def work() -> None:
+        t = time.thread_time()
+        while time.thread_time() - t < 0.05:
+            pass
+        spun.set()
+        done.wait(30.0)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    assert spun.wait(30.0)
+    during = bench._cpu_seconds([os.getpid()])[os.getpid()]
+    done.set()
+    worker.join()
+    assert bench._cpu_seconds([os.getpid()])[os.getpid()] >= during
+
+
 def test_per_1000_counts_new_processes_from_zero() -> None:
     assert bench._per_1000({1: 1.0}, {1: 1.5, 2: 0.5}, 1000) == pytest.approx(1000.0)
     assert bench._per_1000({1: 1.0}, {}, 1000) is None
