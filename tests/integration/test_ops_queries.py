@@ -304,7 +304,6 @@ def test_the_bench_counts_the_vacuums_of_the_queues_tables_and_the_checkpoints(
     """``pgtasks bench`` sets each window of its load phases beside the maintenance that
     finished in it: vacuums of the tasks, results and attempts tables, and checkpoints."""
     vacuums, checkpoints = app.broker.bench_maintenance()
-    assert vacuums >= 0 and checkpoints >= 0
     db.execute("VACUUM tasks")
     db.execute("VACUUM attempts")
     # A table outside the queue's three is not counted.

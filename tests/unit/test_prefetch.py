@@ -31,14 +31,13 @@ def test_nothing_is_prefetched_before_a_run_time_is_known_or_with_no_window() ->
         (0.01, 5),
         (0.001, 50),
         # Short tasks: a few hundred rows a slot, never more than PREFETCH_PER_SLOT.
-        (0.0001, 250),
-        (0.00001, 250),
+        (0.0001, Worker.PREFETCH_PER_SLOT),
+        (0.00001, Worker.PREFETCH_PER_SLOT),
     ],
 )
 def test_about_a_window_of_work_a_slot_up_to_a_bound(runtime: float, per_slot: int) -> None:
     w = worker(4)
     w._runtime_ewma = runtime
-    assert Worker.PREFETCH_PER_SLOT == 250
     assert w._adaptive_prefetch() == 4 * per_slot
 
 
@@ -66,8 +65,8 @@ def test_the_window_grows_through_a_backlog_and_shrinks_when_a_claim_comes_back_
         w._claimed(want=10, taken=10)  # full: more is due
         sizes.append(w._adaptive_prefetch())
     # Doubling with each full claim, up to PREFETCH_GROWTH times the window.
-    assert sizes == [100, 200, 200, 200]
-    assert Worker.PREFETCH_GROWTH == 4
+    top = 50 * Worker.PREFETCH_GROWTH
+    assert sizes == [min(100, top), min(200, top), min(400, top), min(800, top)]
     w._claimed(want=10, taken=3)  # short: the queue ran dry
     assert w._adaptive_prefetch() == 50
     w._claimed(want=10, taken=10)
