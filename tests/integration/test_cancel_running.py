@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from structlog.testing import capture_logs
 
 from pgtasks import Celery
 from pgtasks.contrib.abortable import AbortableAsyncResult, AbortableTask
@@ -279,11 +280,43 @@ def test_abortable_tasks_as_in_celery(
     assert result.state == "REVOKED"
 
 
-def test_a_started_worker_listens_before_its_first_claim(app: Celery, worker_factory: Any) -> None:
+def test_a_started_worker_listens_before_its_first_claim(
+    app: Celery, db: psycopg.Connection[Any], worker_factory: Any
+) -> None:
     """A revoke sent as soon as a worker took its first task reaches it by NOTIFY: the worker
-    claims nothing (and says it is ready) only once its listener listens."""
-    with worker_factory(lease=LONG_LEASE) as worker:
-        assert worker._listening
+    claims nothing (and says it is ready) only once its listener listens, even when the
+    listener is slow to connect."""
+    release = threading.Event()
+
+    @app.task(name="cancel.first")
+    def first() -> None:
+        release.wait(30)
+
+    listen_connection = app.broker.listen_connection
+
+    def slow(*channels: str) -> psycopg.Connection[Any]:
+        time.sleep(1.0)
+        return listen_connection(*channels)
+
+    app.broker.listen_connection = slow  # type: ignore[method-assign]
+    sent = first.delay()  # waiting before the worker starts: its first claim takes it
+    with capture_logs() as logs, worker_factory(lease=LONG_LEASE):
+        try:
+            wait_until(lambda: started(db, sent.id), what="the first claim")
+            app.control.revoke(sent.id)
+            # Renewals come 20 s apart: only a notification the listener heard is this quick.
+            wait_until(
+                lambda: any(
+                    e["event"] == "task.cancel_requested" and e.get("task_id") == sent.id
+                    for e in logs
+                ),
+                timeout=5.0,
+                what="the revoke to reach the worker by NOTIFY",
+            )
+        finally:
+            release.set()
+    heard = [e for e in logs if e["event"] == "task.cancel_requested"]
+    assert [e["via"] for e in heard] == ["notify"]
 
 
 @pytest.mark.parametrize("pool", ["threads", "asyncio"])
