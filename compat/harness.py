@@ -345,7 +345,7 @@ def _run(impl: str, out: Path, keep: bool) -> dict[str, Any]:
         phases["scenarios"] = time.monotonic()
         scenarios = {}
         for order, (meta, outcome) in enumerate(zip(listed, outcomes, strict=True)):
-            info = {k: meta[k] for k in ("feature", "doc", "note")}
+            info = {k: meta[k] for k in ("feature", "doc", "note", "differs")}
             info["order"] = order
             scenarios[meta["name"]] = {**info, **outcome}
     finally:

@@ -43,9 +43,18 @@ def _text(text: str) -> str:
     return _FLOAT.sub(lambda m: f"{float(m.group()):.1f}", text)
 
 
-def scenario(feature: str, note: str = "", timeout: float = 30.0) -> Callable[..., Any]:
+def scenario(
+    feature: str,
+    note: str = "",
+    timeout: float = 30.0,
+    differs: dict[str, str] | None = None,
+) -> Callable[..., Any]:
     """Register a scenario under ``feature`` (a row of COMPAT.md). ``note`` explains choices
-    that the observations alone do not (what is compared and what is not)."""
+    that the observations alone do not (what is compared and what is not). ``differs`` names
+    the observations where pgtasks deliberately does otherwise than Celery, each with the
+    reason (documented in docs/migrating-from-celery.md): both values are recorded untouched
+    and shown side by side as a documented difference, and every other observation must
+    match."""
 
     def decorator(fn: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
         REGISTRY[fn.__name__] = {
@@ -53,6 +62,7 @@ def scenario(feature: str, note: str = "", timeout: float = 30.0) -> Callable[..
             "feature": feature,
             "doc": " ".join((fn.__doc__ or "").split()),
             "note": note,
+            "differs": dict(differs or {}),
             "timeout": timeout,
             "fn": fn,
         }

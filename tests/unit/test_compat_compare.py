@@ -63,3 +63,30 @@ def test_any_failing_scenario_fails_the_comparison(
     assert capsys.readouterr().out.strip().endswith("2 passed, 0 failed")
     assert main(["compare", str(celery), str(one_off)]) == 1
     assert capsys.readouterr().out.strip().endswith("1 passed, 1 failed")
+
+
+def test_a_documented_difference_is_shown_not_hidden_and_the_rest_still_compared() -> None:
+    why = {"limit": "a call may not lift a task's limit"}
+    celery = results(
+        a=record({"limit": "finished", "other": 1}, differs=why),
+        b=record({"limit": "finished", "other": 1}, differs=why),
+    )
+    pgtasks = results(
+        a=record({"limit": "TimeLimitExceeded", "other": 1}, differs=why),
+        b=record({"limit": "TimeLimitExceeded", "other": 2}, differs=why),
+    )
+    rows = {r["name"]: r for r in cmp.compare(celery, pgtasks)}
+    assert rows["a"]["passed"] is True
+    assert rows["a"]["differences"] == [
+        {
+            "key": "limit",
+            "celery": "finished",
+            "pgtasks": "TimeLimitExceeded",
+            "reason": why["limit"],
+        }
+    ]
+    assert rows["b"]["passed"] is False and rows["b"]["reason"].startswith("`other`")
+    report = cmp.render({"version": "5.7"}, {"version": "0.1"}, list(rows.values()))
+    assert "## Documented differences" in report
+    assert '- **a** (`limit`): a call may not lift a task\'s limit Celery: `"finished"`' in report
+    assert "| a | f | PASS, documented difference |" in report
