@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
+from structlog.testing import capture_logs
 
 from pgtasks import Celery, grants
 from pgtasks.broker import handed_ids, handoff_channel
@@ -551,7 +552,10 @@ def test_a_handed_task_starts_on_the_thread_that_heard_it_while_the_other_listen
         release.wait(10)
 
     # Lease renewals 20 s apart: within the test, only a notification reports the revoke.
-    with worker_factory(concurrency=concurrency, lease=60.0, poll_interval=30.0) as worker:
+    with (
+        capture_logs() as logs,
+        worker_factory(concurrency=concurrency, lease=60.0, poll_interval=30.0) as worker,
+    ):
         wait_until(lambda: parked(db, worker.id), what="the worker to park")
         first = where.delay()
         assert both.acquire(timeout=10)
@@ -568,7 +572,12 @@ def test_a_handed_task_starts_on_the_thread_that_heard_it_while_the_other_listen
             assert started[1] == (second.id, "pgtasks-task-0")
         first.revoke()
         wait_until(
-            lambda: worker._inflight[first.id].cancel_requested,
+            lambda: any(
+                e["event"] == "task.cancel_requested"
+                and e.get("task_id") == first.id
+                and e.get("via") == "notify"
+                for e in logs
+            ),
             timeout=5.0,
             what="the revoke to be heard",
         )
