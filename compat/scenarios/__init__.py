@@ -22,6 +22,7 @@ MODULES = [
     "scenarios.canvas",
     "scenarios.limits",
     "scenarios.config",
+    "scenarios.cli",
 ]
 
 #: Seconds any single wait may take.

@@ -8,7 +8,7 @@ import click
 
 from pgtasks import logging as pglogging
 from pgtasks.cli.main import cli, get_app
-from pgtasks.cli.worker_flags import CeleryWorkerFlags, celery_worker_options
+from pgtasks.cli.worker_flags import CeleryWorkerFlags, celery_worker_options, node_format
 
 
 def _queues(value: str | None) -> list[str] | None:
@@ -104,6 +104,9 @@ def worker(
     from pgtasks.worker import Worker
 
     flags = CeleryWorkerFlags(**celery_flags)
+    if worker_id:
+        # As Celery expands its node names: -n worker1@%h is worker1@<host name>.
+        worker_id = node_format(worker_id)
     # The app module is imported first, as in Celery: its setup_logging receivers decide.
     app = get_app(ctx)
     try:

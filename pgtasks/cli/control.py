@@ -5,12 +5,13 @@ A worker is *online* when its heartbeat (written with every lease renewal, each 
 is newer than one lease (``lease_seconds``): past that, other workers reclaim its tasks too.
 Output follows Celery's: ``->  <node>: OK`` per worker, its reply indented below, then
 ``N nodes online.``; ``-j/--json`` prints the replies as one JSON object. With no worker online
-the commands print ``No nodes replied within time constraint`` and exit with 69
-(``EX_UNAVAILABLE``), as Celery does.
+the commands print ``Error: No nodes replied within time constraint`` on stderr and exit with
+69 (``EX_UNAVAILABLE``), as Celery does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import textwrap
 from collections.abc import Callable
@@ -23,6 +24,17 @@ from pgtasks.cli.main import cli, get_app
 
 #: ``sysexits.h`` EX_UNAVAILABLE, Celery's exit code when no worker replies.
 EX_UNAVAILABLE = 69
+
+
+class NoReplies(click.ClickException):
+    """No worker replied: ``Error: No nodes replied within time constraint`` on stderr and
+    exit status 69, as Celery's command line says it."""
+
+    exit_code = EX_UNAVAILABLE
+
+    def __init__(self) -> None:
+        super().__init__("No nodes replied within time constraint")
+
 
 Replies = dict[str, Any]
 
@@ -68,8 +80,7 @@ def _pretty(reply: Any) -> str:
 def _say(replies: Replies, as_json: bool, show_body: bool) -> None:
     quiet = bool((click.get_current_context().obj or {}).get("quiet"))
     if not replies:
-        click.echo("No nodes replied within time constraint")
-        raise click.exceptions.Exit(EX_UNAVAILABLE)
+        raise NoReplies()
     if as_json:
         click.echo(json.dumps(replies, default=str))
     else:
@@ -184,8 +195,31 @@ def _scheduled(app: Any, workers: list[dict[str, Any]]) -> Replies:
     return replies
 
 
+#: The task attributes ``inspect registered`` shows beside a name, as Celery's does.
+TASK_INFO_ITEMS = ("exchange", "routing_key", "rate_limit")
+
+
 def _registered(app: Any, workers: list[dict[str, Any]]) -> Replies:
-    return {w["id"]: sorted(w.get("tasks") or []) for w in workers}
+    """Each worker's task names, without the built-in ``celery.*`` ones, each with the
+    attributes of TASK_INFO_ITEMS that it sets in this app (``proj.add [rate_limit=5/s]``),
+    as Celery lists them (the app's task modules are imported as a worker imports them)."""
+    # A module that fails to import here still leaves the names worth showing.
+    with contextlib.suppress(Exception):
+        app.import_includes()
+
+    def shown(name: str) -> str:
+        task = app.tasks.get(name)
+        fields = [
+            f"{field}={value}"
+            for field in TASK_INFO_ITEMS
+            if (value := getattr(task, field, None)) is not None
+        ]
+        return f"{name} [{' '.join(fields)}]" if fields else name
+
+    return {
+        w["id"]: [shown(n) for n in sorted(w.get("tasks") or []) if not n.startswith("celery.")]
+        for w in workers
+    }
 
 
 def _active_queues(app: Any, workers: list[dict[str, Any]]) -> Replies:

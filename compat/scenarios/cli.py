@@ -1,0 +1,75 @@
+"""The command line, run as users run it: ``celery -A proj ...`` or ``pgtasks -A proj ...``
+(``python -m <impl>``) against the running workers, its output and exit status recorded as
+printed, with the host name and task ids made neutral."""
+
+import os
+import socket
+import subprocess
+import sys
+
+from scenarios import WAIT, _text, scenario
+
+#: The main worker, as the harness names it (``-n main@%h``).
+MAIN = f"main@{socket.gethostname()}"
+
+
+def raw(*args):
+    """``<impl> -A proj <args>`` as run: its exit status, stdout and stderr."""
+    cmd = [sys.executable, "-m", os.environ["COMPAT_IMPL"], "-A", "proj", *args]
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=WAIT * 2, env=os.environ, check=False
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def run(*args):
+    """The same, as recorded: ``{exit, stdout, error}`` (``error``: the last line on stderr,
+    where the command says why it failed), the host name and ids made neutral."""
+    code, out, err = raw(*args)
+    lines = err.strip().splitlines()
+    recorded = {"exit": code, "stdout": _neutral(out)}
+    if code:
+        recorded["error"] = _neutral(lines[-1] if lines else "")
+    return recorded
+
+
+def _neutral(text):
+    return _text(text.replace(socket.gethostname(), "<host>"))
+
+
+@scenario(
+    "command line",
+    note="`status` and `inspect ping` aimed at the main worker with `-d`, and at a worker "
+    "that does not exist; stdout and the exit status are compared as printed.",
+)
+def cli_status_and_ping(obs):
+    """``status`` and ``inspect ping`` print each replying worker and the count, and exit 69
+    (EX_UNAVAILABLE) when none replies."""
+    obs["status"] = run("status", "-d", MAIN)
+    obs["ping"] = run("inspect", "ping", "-d", MAIN)
+    obs["status_nobody"] = run("status", "-d", "nobody@nowhere", "--timeout", "0.5")
+    obs["ping_nobody"] = run("inspect", "ping", "-d", "nobody@nowhere", "--timeout", "0.5")
+
+
+@scenario(
+    "command line",
+    note="`call` prints the new task's id; `result` waits for it and prints its value.",
+)
+def cli_call_and_result(obs):
+    """``call proj.tasks.add --args '[2, 3]'`` enqueues the task and prints its id; ``result``
+    with that id prints 5."""
+    code, out, _ = raw("call", "proj.tasks.add", "--args", "[2, 3]")
+    obs["call"] = {"exit": code, "stdout": _text(out)}
+    obs["result"] = run("result", out.strip())
+    code, out, _ = raw("call", "proj.tasks.add", "--kwargs", '{"x": 1, "y": 1}')
+    obs["call_kwargs"] = {"exit": code, "stdout": _text(out)}
+    obs["result_kwargs"] = run("result", out.strip())
+
+
+@scenario(
+    "command line",
+    note="`inspect registered` for the main worker: the task names it prints, as printed.",
+)
+def cli_inspect_registered(obs):
+    """``inspect registered -d main@<host>`` lists the worker's tasks, one per line."""
+    obs["registered"] = run("inspect", "registered", "-d", MAIN)
