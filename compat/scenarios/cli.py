@@ -2,6 +2,7 @@
 (``python -m <impl>``) against the running workers, its output and exit status recorded as
 printed, with the host name and task ids made neutral."""
 
+import ast
 import os
 import socket
 import subprocess
@@ -73,3 +74,43 @@ def cli_call_and_result(obs):
 def cli_inspect_registered(obs):
     """``inspect registered -d main@<host>`` lists the worker's tasks, one per line."""
     obs["registered"] = run("inspect", "registered", "-d", MAIN)
+
+
+@scenario(
+    "command line",
+    differs={
+        "args": "pgtasks shows a call's arguments as its argsrepr (redacted where the "
+        "task says so), as Celery's inspect does with safe=True: the command reads every "
+        "task's row from the database, and a secret in an argument should not reach it "
+        "(see docs/operating.md)",
+    },
+    note="`inspect active` while a task of the main worker sleeps: the line for that task "
+    "(other scenarios' tasks may run beside it), read back as the dict it prints; its keys, "
+    "and the values that do not depend on timing or the process.",
+)
+def cli_inspect_active(obs):
+    """``inspect active -d main@<host>`` lists the running task as a dict: id, name, args,
+    kwargs, type, hostname, ..."""
+    from proj.tasks import sleep_then
+    from scenarios import wait_state
+
+    sent = sleep_then.apply_async((3, "done"))
+    obs["started"] = wait_state(sent, {"STARTED"})
+    code, out, _ = raw("inspect", "active", "-d", MAIN)
+    lines = out.splitlines()
+    obs["header"] = _neutral(lines[0]) if lines else None
+    mine = [line for line in lines if sent.id in line]
+    obs["found"] = len(mine)
+    if mine:
+        prefix, _, shown = mine[0].partition("* ")
+        obs["indent"] = prefix
+        task = ast.literal_eval(shown)
+        obs["keys"] = sorted(task)
+        obs["shown"] = {
+            key: _neutral(str(task[key]))
+            for key in ("name", "kwargs", "type", "hostname")
+            if key in task
+        }
+        obs["args"] = _neutral(str(task.get("args")))
+    obs["exit"] = code
+    obs["result"] = sent.get(timeout=WAIT)

@@ -128,9 +128,11 @@ def _body(row: dict[str, Any]) -> tuple[Any, Any]:
 
 
 def _request(row: dict[str, Any], worker: dict[str, Any] | None) -> dict[str, Any]:
-    """A row in the shape of Celery's request info (``inspect active``)."""
+    """A row in the shape of Celery's request info (``inspect active``): the same keys.
+    Arguments are shown as the call's argsrepr/kwargsrepr (redacted where the task says
+    so), as Celery shows them only with ``safe``: this command reads every task's row
+    from the database, and a secret in an argument should not reach it."""
     headers = row.get("headers") or {}
-    # As in Celery, the call's argsrepr/kwargsrepr (redacted where the task says so).
     args, kwargs = _body(row)
     if "argsrepr" in headers:
         args, kwargs = headers["argsrepr"], headers.get("kwargsrepr", kwargs)
@@ -150,9 +152,6 @@ def _request(row: dict[str, Any], worker: dict[str, Any] | None) -> dict[str, An
             "redelivered": row.get("attempt", 1) > 1,
         },
         "worker_pid": worker["pid"] if worker else None,
-        "retries": row.get("retries", 0),
-        "parent_id": headers.get("parent_id"),
-        "root_id": headers.get("root_id") or row["id"],
     }
 
 

@@ -90,7 +90,7 @@ def test_inspect(
     assert lines[0] == f"->  {worker}: OK"
     assert lines[1].startswith("    * {") and running.id in lines[1]
     assert "'name': 'controlapp.patient'" in lines[1]
-    assert "'args': '(30,)'" in lines[1]
+    assert "'args': '(30,)'" in lines[1]  # argsrepr: see docs/migrating-from-celery.md
     assert lines[-1] == "1 node online."
 
     reserved = run_cli(env, "inspect", "reserved", "--json")
