@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -68,6 +68,10 @@ class InFlight:
 class Worker:
     """One ``pgtasks worker`` process."""
 
+    #: How many of its last finished claims (id, attempt) a worker remembers: a claim's rows
+    #: can be read twice, by the claim and by an adoption after the listener reconnected, and
+    #: the first start may have finished before the second read is handled.
+    DONE_KEPT = 4096
     #: How long a park lasts at least (database clock; three polls where polls are slower). An
     #: idle worker parks again after a third of it.
     PARK_SECONDS = 5.0
@@ -162,6 +166,8 @@ class Worker:
         self.log = log.bind(worker_id=self.id)
         self._read_levels()
         self._inflight: dict[str, InFlight] = {}
+        # Claims that finished here lately, each never to be started again (see DONE_KEPT).
+        self._over: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._backpressure = False
         self._claim_conn: psycopg.Connection[Any] | None = None
         # The claim connection is the loop's, and the listener's for the rows a hand-off names.
@@ -588,7 +594,7 @@ class Worker:
         there."""
         run: RunHere | None = None
         with self._lock:
-            rows = [row for row in rows if self._claim_of(row.id, row.attempt) is None]
+            rows = [row for row in rows if not self._seen(row)]
         jobs: list[ex.Job] = []
         for row in self._well_formed(rows):
             if self._debug:
@@ -680,7 +686,7 @@ class Worker:
     def _dead_letter_unread(self, row: ClaimedTask, reason: str, error: str) -> None:
         """Dead-letter a claimed row that will not be decoded (see _well_formed)."""
         with self._lock:
-            if self._claim_of(row.id, row.attempt) is not None:
+            if self._seen(row):
                 return  # found twice (see _accept): settled as the first time
             self._inflight[row.id] = InFlight(row)
         TaskLog(self.log, row, self._levels).error("task.dead_lettered", reason=reason, error=error)
@@ -781,6 +787,7 @@ class Worker:
                 with self._lock:
                     if self._inflight.get(job.id) is entry:
                         del self._inflight[job.id]
+                    self._finished(job.id, job.attempt)
                 self.log.warning(
                     "task.skipped",
                     task_id=job.id,
@@ -832,7 +839,7 @@ class Worker:
         """The job to run for a claimed row, or None when the row was settled at once or this
         very claim is running already."""
         with self._lock:
-            if self._claim_of(row.id, row.attempt) is not None:
+            if self._seen(row):
                 # Found twice: a claim's rows can be read by an adoption (after the listener
                 # reconnected) before the claim's own result is back, or the other way round.
                 return None
@@ -1136,6 +1143,7 @@ class Worker:
             entry = self._claim_of(item.id, item.attempt)
             if entry is not None:
                 del self._inflight[item.id]
+            self._finished(item.id, item.attempt)
             self.processed += 1
         if self._backpressure:
             self._wake.set()
@@ -1152,6 +1160,19 @@ class Worker:
             task_signals.revoked(
                 self.app, entry.task, self.id, expired=entry.task.expired, signum=entry.terminated
             )
+
+    def _seen(self, row: ClaimedTask) -> bool:
+        """Whether this very claim of ``row`` runs here or has finished here lately (call
+        with the lock held)."""
+        return (
+            self._claim_of(row.id, row.attempt) is not None or (row.id, row.attempt) in self._over
+        )
+
+    def _finished(self, task_id: str, attempt: int) -> None:
+        """Remember that this claim is over here (call with the lock held)."""
+        self._over[(task_id, attempt)] = None
+        if len(self._over) > self.DONE_KEPT:
+            self._over.popitem(last=False)
 
     def _claim_of(self, task_id: str, attempt: int) -> InFlight | None:
         """The in-flight entry of that very claim (call with the lock held). A row can be

@@ -452,6 +452,15 @@ def test_a_worker_whose_listener_broke_finds_what_it_holds_unknowingly(
     assert [(a, o) for a, _, o in attempts(db, sent.id)] == [(1, "completed")]
 
 
+def break_listener(db: psycopg.Connection[Any], app: Celery, worker: str) -> None:
+    """Terminate ``worker``'s listening connection (it reconnects by itself)."""
+    channel = handoff_channel(app.broker.schema, worker)
+    listener = one(
+        db, "SELECT pid FROM pg_stat_activity WHERE query = %s", (f'LISTEN "{channel}"',)
+    )
+    db.execute("SELECT pg_terminate_backend(%s)", (listener["pid"],))
+
+
 def test_a_row_both_claimed_and_adopted_runs_once(
     app: Celery, db: psycopg.Connection[Any], worker_factory: Any
 ) -> None:
@@ -461,18 +470,39 @@ def test_a_row_both_claimed_and_adopted_runs_once(
     def twice() -> None:
         runs.append(1)
 
-    with worker_factory(concurrency=1) as worker:
+    @app.task(name="handoff.then")
+    def then() -> None:
+        pass
+
+    # A claim of this worker that has committed, its answer not yet read ...
+    committed, answer = threading.Event(), threading.Event()
+    claim_all = app.broker.claim_all
+
+    def late(*args: Any, **kwargs: Any) -> Any:
+        found = claim_all(*args, **kwargs)
+        if any(row.name == "handoff.twice" for row in found):
+            committed.set()
+            answer.wait(10)
+        return found
+
+    app.broker.claim_all = late  # type: ignore[method-assign]
+    with capture_logs() as logs, worker_factory(concurrency=1) as worker:
         wait_until(lambda: parked(db, worker.id), what="the worker to park")
-        # A claim of this worker that has committed, its result not yet back (the row is
-        # written here by hand, as the claim writes it) ...
-        sent = twice.apply_async(countdown=3600)
-        held_unknowingly(db, worker.id, sent.id)
-        (row,) = app.broker.adopt(worker.id)
+        (sent,) = twice.apply_many([((), {})])  # claimed, never handed off
+        assert committed.wait(10)
         # ... is found meanwhile by an adoption after the listener reconnected, and starts.
-        worker._adopt()
-        # Then the claim's result arrives: the same attempt is not started again.
-        assert worker._accept(row) is None
-        assert sent.get(timeout=10) is None
+        break_listener(db, app, worker.id)
+        wait_until(
+            lambda: any(e["event"] == "worker.adopted" and sent.id in e["tasks"] for e in logs),
+            what="the adoption",
+        )
+        wait_until(lambda: status(db, sent.id) == "COMPLETED", what="the task to run")
+        # Then the claim's answer arrives: the same attempt is not started again. The next
+        # task's claim comes after that answer, and one slot runs jobs in order: once it has
+        # run, a second start of the first would have run too.
+        answer.set()
+        (following,) = then.apply_many([((), {})])
+        wait_until(lambda: status(db, following.id) == "COMPLETED", what="the next task")
     assert runs == [1]
     assert [(a, o) for a, _, o in attempts(db, sent.id)] == [(1, "completed")]
 
