@@ -36,6 +36,13 @@ class Reclaimer:
     later than that behind its own time is found by the next full call). A call that comes back
     full (a backlog: many workers lost at once) is followed by one that starts at the last
     lease it took back, full or not, so a backlog is read once, not once per batch.
+
+    A call has caught up only as far as the oldest expired lease it left RUNNING: a row that
+    another transaction held as the call passed (``SKIP LOCKED``: a reclaim elsewhere, a
+    renewal, an outcome write) may be free again with its lease still expired, that
+    transaction having rolled back with a killed worker or a restarted server. The next floor
+    is never past such a lease, so the next call takes the row rather than the next full one,
+    which may be minutes away.
     """
 
     FLOOR_MARGIN = timedelta(seconds=2)
@@ -64,11 +71,13 @@ class Reclaimer:
         )
         if full:
             self.gate.full_done(time.monotonic() - started, time.monotonic())
+        # ``cutoff``: every lease from the floor up to it has been taken back (see
+        # Broker.reclaim_from); a lease left expired keeps it, and so the next floor, behind it.
         if len(rows) < self.BATCH:
             self._floor = cutoff - self.FLOOR_MARGIN
             self._backlog = False
         else:
-            self._floor = max(row["expired_at"] for row in rows)
+            self._floor = min(max(row["expired_at"] for row in rows), cutoff)
             self._backlog = True
         self._unblock()
         self.broker.prune_parked_workers(self.BATCH)

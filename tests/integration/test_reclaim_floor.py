@@ -1,0 +1,115 @@
+"""The reclaimer's floor never moves past an expired lease it did not take back.
+
+Once a full reclaim is slow, calls start from a floor (see ``pgtasks.maintenance.Reclaimer``)
+and the next full call may be minutes away. A lease that ran out while another transaction
+held its row (a concurrent reclaim, a renewal or an outcome write, any of them rolled back by a
+killed worker or a restarted server) is skipped by ``SKIP LOCKED``: were the floor to move on
+regardless, the row would stay RUNNING with its lease long expired until that full call.
+
+Leases are set on the database clock (``now()``), so nothing here sleeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pgtasks import Celery
+from pgtasks.maintenance import Reclaimer
+from pgtasks.worker.floors import Gate
+from tests.apps.harness import one
+
+WORKER = "reclaim-floor-test@host"
+
+
+def running(app: Celery, db: psycopg.Connection[Any], n: int) -> list[str]:
+    """``n`` RUNNING rows owned by a worker that is gone, leases still live."""
+    db.execute(
+        "INSERT INTO tasks (id, name, payload)"
+        " SELECT gen_random_uuid()::text, 'floor.noop', '[[], {}, {}]'"
+        "   FROM generate_series(1, %s)",
+        (n,),
+    )
+    return [r.id for r in app.broker.claim(WORKER, ["celery"], n, 30.0)]
+
+
+def expire(db: psycopg.Connection[Any], task_id: str, ago: str) -> None:
+    db.execute("UPDATE tasks SET lease_until = now() - %s::interval WHERE id = %s", (ago, task_id))
+
+
+def status(db: psycopg.Connection[Any], task_id: str) -> str:
+    return str(one(db, "SELECT status FROM tasks WHERE id = %s", (task_id,))["status"])
+
+
+@contextmanager
+def row_held(pg_dsn: str, schema: str, task_id: str) -> Iterator[None]:
+    """Another transaction holds the row's lock (as a reclaim, a renewal or an outcome write
+    does), then rolls back, as the transaction of a killed worker or a restarted server does."""
+    with psycopg.connect(pg_dsn) as other:
+        other.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        other.execute("SELECT 1 FROM tasks WHERE id = %s FOR UPDATE", (task_id,))
+        try:
+            yield
+        finally:
+            other.rollback()
+
+
+def on_floors() -> Gate:
+    """Floors after every full call, and no full call for an hour: a worker whose full
+    reclaims were slow, between two of them."""
+    return Gate(slow=0.0, min_full_every=3600.0)
+
+
+def test_a_lease_skipped_while_its_row_was_held_is_taken_by_the_next_call(
+    app: Celery, db: psycopg.Connection[Any], pg_dsn: str, schema: str
+) -> None:
+    held, free = running(app, db, 2)
+    expire(db, held, "1 minute")
+    expire(db, free, "1 minute")
+    reclaimer = Reclaimer(app.broker, 3)
+    reclaimer.gate = on_floors()
+    with row_held(pg_dsn, schema, held):
+        assert reclaimer.run_once() == 1  # full: takes the free row, skips the held one
+    assert (status(db, held), status(db, free)) == ("RUNNING", "PENDING")
+    # The holder rolled back: the lease is expired and its row free. The next call starts
+    # from the floor the full one left, and must not have left this lease behind it.
+    assert reclaimer.run_once() == 1
+    assert status(db, held) == "PENDING"
+
+
+def test_a_lease_skipped_by_a_call_from_the_floor_is_taken_by_the_next_one(
+    app: Celery, db: psycopg.Connection[Any], pg_dsn: str, schema: str, monkeypatch: Any
+) -> None:
+    # With no margin, each call's floor is where the last one's cutoff was: a lease that runs
+    # out between two calls is behind the next floor but one.
+    monkeypatch.setattr(Reclaimer, "FLOOR_MARGIN", timedelta(0))
+    held, later = running(app, db, 2)
+    reclaimer = Reclaimer(app.broker, 3)
+    reclaimer.gate = on_floors()
+    assert reclaimer.run_once() == 0  # full: sets the floor, then floors only
+    expire(db, held, "0 seconds")
+    with row_held(pg_dsn, schema, held):
+        assert reclaimer.run_once() == 0  # from the floor: the held row is skipped
+    assert status(db, held) == "RUNNING"
+    # However many calls run before it, the floor stays at the lease it left behind.
+    expire(db, later, "0 seconds")
+    assert reclaimer.run_once() == 2
+    assert (status(db, held), status(db, later)) == ("PENDING", "PENDING")
+
+
+def test_a_lease_held_through_several_calls_keeps_the_floor_behind_it(
+    app: Celery, db: psycopg.Connection[Any], pg_dsn: str, schema: str
+) -> None:
+    [held] = running(app, db, 1)
+    expire(db, held, "10 minutes")
+    reclaimer = Reclaimer(app.broker, 3)
+    reclaimer.gate = on_floors()
+    with row_held(pg_dsn, schema, held):
+        assert [reclaimer.run_once() for _ in range(3)] == [0, 0, 0]
+    assert reclaimer.run_once() == 1
+    assert status(db, held) == "PENDING"
