@@ -47,6 +47,8 @@ class Reclaimer:
 
     FLOOR_MARGIN = timedelta(seconds=2)
     BATCH = 1000
+    #: Seconds from one full call to the next at most, however slow the last one was.
+    MAX_FULL_EVERY = 60.0
 
     def __init__(
         self,
@@ -58,7 +60,9 @@ class Reclaimer:
         self.max_lost = max_lost
         self.chord_ready = chord_ready
         self.metrics: NullMetrics = NullMetrics()
-        self.gate = Gate(slow=0.05, min_full_every=10.0)
+        # A lease behind the floor (committed later than the margin behind its own time, or
+        # set back by hand) is taken back by a full call: one at least every minute.
+        self.gate = Gate(slow=0.05, min_full_every=10.0, max_full_every=self.MAX_FULL_EVERY)
         self._floor: datetime | None = None
         #: The last call came back full: the next goes on from its floor.
         self._backlog = False

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from pgtasks import Celery
+from pgtasks import Celery, maintenance
 from pgtasks.maintenance import Reclaimer
 from pgtasks.worker.floors import Gate
 from tests.apps.harness import one
@@ -113,3 +114,34 @@ def test_a_lease_held_through_several_calls_keeps_the_floor_behind_it(
         assert [reclaimer.run_once() for _ in range(3)] == [0, 0, 0]
     assert reclaimer.run_once() == 1
     assert status(db, held) == "PENDING"
+
+
+def test_a_slow_full_call_puts_the_next_one_off_by_a_minute_at_most(
+    app: Celery, db: psycopg.Connection[Any], monkeypatch: Any
+) -> None:
+    # The first full call after a server restart may wait seconds for a connection, and counts
+    # as a slow one: calls from floors follow, and only a full call takes back a lease that was
+    # committed behind a floor. It must come within a minute, not fifty times that wait later.
+    clock = [0.0]
+    monkeypatch.setattr(maintenance, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    floors: list[datetime | None] = []
+    reclaim_from = app.broker.reclaim_from
+
+    def spy(floor: datetime | None, *args: Any, **kwargs: Any) -> Any:
+        floors.append(floor)
+        if len(floors) == 1:
+            clock[0] += 10.0  # waited for the server
+        return reclaim_from(floor, *args, **kwargs)
+
+    monkeypatch.setattr(app.broker, "reclaim_from", spy)
+    reclaimer = Reclaimer(app.broker, 3)
+    [late] = running(app, db, 1)
+    reclaimer.run_once()
+    expire(db, late, "1 hour")  # as a lease committed late behind its own time would be
+    clock[0] += 30.0
+    reclaimer.run_once()
+    assert status(db, late) == "RUNNING"  # from the floor: not seen
+    clock[0] += 60.0
+    reclaimer.run_once()
+    assert floors[0] is None and floors[1] is not None and floors[2] is None
+    assert status(db, late) == "PENDING"
