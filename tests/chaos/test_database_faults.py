@@ -27,7 +27,7 @@ from psycopg import sql
 
 from pgtasks import Celery
 from pgtasks.migrate import migrate
-from tests.chaos.crew import LEASE, TIMEOUT, Crew, crew, scenario
+from tests.chaos.crew import LEASE, STALE_AFTER, TIMEOUT, Crew, crew, scenario
 from tests.chaos.proxy import Proxy
 
 
@@ -97,10 +97,23 @@ def test_database_restarts_lose_no_task(server: Server, server_app: Celery, mode
         server.restart(mode, downtime=rnd.uniform(0.2, 2 * LEASE))
         return True
 
+    # A worker's pool retries its connection with a doubling backoff from one second: after a
+    # downtime of up to two leases (and recovery), it may be back some seconds after the server.
+    stale_after = STALE_AFTER + 4 * LEASE
     with crew(server.dsn, server.schema, server.db(), pool="threads", concurrency=2) as team:
         seed = int(os.environ.get("SEED", 13))
         name = f"database restarts ({mode} shutdown)"
-        scenario(server_app, server.db, team, restart, name, seed, crashed=mode == "immediate")
+        crashed = mode == "immediate"
+        scenario(
+            server_app,
+            server.db,
+            team,
+            restart,
+            name,
+            seed,
+            crashed=crashed,
+            stale_after=stale_after,
+        )
 
 
 @pytest.mark.timeout(TIMEOUT)
@@ -128,7 +141,18 @@ def test_a_worker_cut_off_from_the_database_loses_no_task(
             return True
 
         seed = int(os.environ.get("SEED", 17))
-        scenario(app, lambda: db, team, partition, "one worker cut off", seed, tasks=3000)
+        # Rows that the cut-off worker's reclaim held as the link paused are free when it ends.
+        stale_after = STALE_AFTER + 3 * LEASE
+        scenario(
+            app,
+            lambda: db,
+            team,
+            partition,
+            "one worker cut off",
+            seed,
+            tasks=3000,
+            stale_after=stale_after,
+        )
         assert cut_off.alive(), cut_off.describe()
         lost = [e for e in cut_off.events() if e.get("event") == "lease.lost"]
         assert lost, f"the cut-off worker never lost a lease\n{cut_off.describe()}"
