@@ -86,8 +86,8 @@ def test_a_lease_skipped_while_its_row_was_held_is_taken_by_the_next_call(
 def test_a_lease_skipped_by_a_call_from_the_floor_is_taken_by_the_next_one(
     app: Celery, db: psycopg.Connection[Any], pg_dsn: str, schema: str, monkeypatch: Any
 ) -> None:
-    # With no margin, each call's floor is where the last one's cutoff was: a lease that runs
-    # out between two calls is behind the next floor but one.
+    # With no margin, a call's floor is the last call's cutoff: a lease that ran out just before
+    # a call that skipped it is behind the floor of the call after, unless the floor waits.
     monkeypatch.setattr(Reclaimer, "FLOOR_MARGIN", timedelta(0))
     held, later = running(app, db, 2)
     reclaimer = Reclaimer(app.broker, 3)
@@ -97,7 +97,7 @@ def test_a_lease_skipped_by_a_call_from_the_floor_is_taken_by_the_next_one(
     with row_held(pg_dsn, schema, held):
         assert reclaimer.run_once() == 0  # from the floor: the held row is skipped
     assert status(db, held) == "RUNNING"
-    # However many calls run before it, the floor stays at the lease it left behind.
+    # The next call takes it, and what ran out since.
     expire(db, later, "0 seconds")
     assert reclaimer.run_once() == 2
     assert (status(db, held), status(db, later)) == ("PENDING", "PENDING")
@@ -114,6 +114,25 @@ def test_a_lease_held_through_several_calls_keeps_the_floor_behind_it(
         assert [reclaimer.run_once() for _ in range(3)] == [0, 0, 0]
     assert reclaimer.run_once() == 1
     assert status(db, held) == "PENDING"
+
+
+def test_a_lease_skipped_in_a_backlog_is_taken_by_the_next_batch(
+    app: Celery, db: psycopg.Connection[Any], pg_dsn: str, schema: str, monkeypatch: Any
+) -> None:
+    # A full batch is followed by one from the last lease it took back: not from past a lease
+    # it skipped.
+    monkeypatch.setattr(Reclaimer, "BATCH", 2)
+    ids = running(app, db, 4)
+    for i, task_id in enumerate(ids):
+        expire(db, task_id, f"{10 - i} minutes")
+    held = ids[0]  # the oldest
+    reclaimer = Reclaimer(app.broker, 3)
+    reclaimer.gate = on_floors()
+    with row_held(pg_dsn, schema, held):
+        assert reclaimer.run_once() == 2  # full, and full: the next one goes on from here
+    assert [status(db, i) for i in ids] == ["RUNNING", "PENDING", "PENDING", "RUNNING"]
+    assert reclaimer.run_once() == 2
+    assert [status(db, i) for i in ids] == ["PENDING"] * 4
 
 
 def test_a_slow_full_call_puts_the_next_one_off_by_a_minute_at_most(
