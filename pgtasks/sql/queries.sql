@@ -604,7 +604,7 @@ SELECT id, name, queue, status, attempt, retries, previous_owner, expired_at, ch
 -- lease from %(floor)s on has been taken back. That is now(), unless a row whose lease ran out
 -- before it is still RUNNING: one that reclaim_expired skipped because another transaction held
 -- it (a reclaim, a renewal or an outcome write, perhaps rolled back since by a killed worker or
--- a restarted server), one past its limit, or one committed after its statement began. The
+-- a restarted server), one past its batch limit, or one committed after its statement began. The
 -- oldest such lease is the answer then, so that a floor taken from it never passes the row.
 -- Reads the lease index from the floor to the first such row (or to now()), as the reclaim did.
 SELECT LEAST(now(), (SELECT min(lease_until)
