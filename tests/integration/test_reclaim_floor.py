@@ -22,6 +22,7 @@ from psycopg import sql
 
 from pgtasks import Celery, maintenance
 from pgtasks.maintenance import Reclaimer
+from pgtasks.sql import queries
 from pgtasks.worker.floors import Gate
 from tests.apps.harness import one
 
@@ -81,6 +82,28 @@ def test_a_lease_skipped_while_its_row_was_held_is_taken_by_the_next_call(
     # from the floor the full one left, and must not have left this lease behind it.
     assert reclaimer.run_once() == 1
     assert status(db, held) == "PENDING"
+
+
+def test_leases_a_killed_worker_was_reclaiming_are_taken_by_the_next_call(
+    app: Celery, db: psycopg.Connection[Any], pg_dsn: str, schema: str
+) -> None:
+    # Another worker's reclaim takes the rows first, and its worker is killed before it
+    # commits: its transaction rolls back and leaves them RUNNING, expired, free.
+    ids = running(app, db, 3)
+    for task_id in ids:
+        expire(db, task_id, "1 minute")
+    reclaimer = Reclaimer(app.broker, 3)
+    reclaimer.gate = on_floors()
+    with psycopg.connect(pg_dsn) as killed:
+        killed.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        params = {"max_lost": 3, "limit": 1000, "floor": None}
+        taken = killed.execute(queries(schema)["reclaim_expired"], params).fetchall()
+        assert len(taken) == 3
+        assert reclaimer.run_once() == 0  # full: every expired row is held
+        killed.rollback()
+    assert [status(db, i) for i in ids] == ["RUNNING"] * 3
+    assert reclaimer.run_once() == 3
+    assert [status(db, i) for i in ids] == ["PENDING"] * 3
 
 
 def test_a_lease_skipped_by_a_call_from_the_floor_is_taken_by_the_next_one(
