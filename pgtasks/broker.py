@@ -1476,7 +1476,9 @@ class Broker:
         chord_ready: Callable[[Row, list[Row]], Plan] | None = None,
     ) -> tuple[list[Row], datetime]:
         """``reclaim`` of the leases that ran out at ``floor`` or later (None: any), with the
-        time (database clock) up to which they were taken back."""
+        time (database clock) up to which they were all taken back: the transaction's start,
+        or the oldest lease from ``floor`` on that ran out before it and is still RUNNING (its
+        row held by another transaction, or past ``limit``)."""
         with self.pool.connection(timeout=self.connect_timeout) as conn, conn.transaction():
             rows = self._all(
                 "reclaim_expired", {"max_lost": max_lost, "limit": limit, "floor": floor}, conn
@@ -1484,10 +1486,10 @@ class Broker:
             hits = [(r["chord"], r["id"]) for r in rows if r["chord"] and r["status"] != "PENDING"]
             if hits and chord_ready is not None:
                 self._count_chords(conn, Plan(chord_hits=hits), chord_ready)
-            row = self._one("transaction_time", {}, conn)
+            row = self._one("reclaimed_until", {"floor": floor}, conn)
         assert row is not None
         self.unblock(r["limit_key"] for r in rows)
-        return rows, row["now"]
+        return rows, row["until"]
 
     def register_worker(
         self, worker: str, host: str, pid: int, queues: Sequence[str], concurrency: int

@@ -36,10 +36,19 @@ class Reclaimer:
     later than that behind its own time is found by the next full call). A call that comes back
     full (a backlog: many workers lost at once) is followed by one that starts at the last
     lease it took back, full or not, so a backlog is read once, not once per batch.
+
+    A call has caught up only as far as the oldest expired lease it left RUNNING: a row that
+    another transaction held as the call passed (``SKIP LOCKED``: a reclaim elsewhere, a
+    renewal, an outcome write) may be free again with its lease still expired, that
+    transaction having rolled back with a killed worker or a restarted server. The next floor
+    is never past such a lease, so the next call takes the row rather than the next full one,
+    which may be minutes away.
     """
 
     FLOOR_MARGIN = timedelta(seconds=2)
     BATCH = 1000
+    #: Seconds from one full call to the next at most, however slow the last one was.
+    MAX_FULL_EVERY = 60.0
 
     def __init__(
         self,
@@ -51,7 +60,9 @@ class Reclaimer:
         self.max_lost = max_lost
         self.chord_ready = chord_ready
         self.metrics: NullMetrics = NullMetrics()
-        self.gate = Gate(slow=0.05, min_full_every=10.0)
+        # A lease behind the floor (committed later than the margin behind its own time, or
+        # set back by hand) is taken back by a full call: one at least every minute.
+        self.gate = Gate(slow=0.05, min_full_every=10.0, max_full_every=self.MAX_FULL_EVERY)
         self._floor: datetime | None = None
         #: The last call came back full: the next goes on from its floor.
         self._backlog = False
@@ -64,11 +75,13 @@ class Reclaimer:
         )
         if full:
             self.gate.full_done(time.monotonic() - started, time.monotonic())
+        # ``cutoff``: every lease from the floor up to it has been taken back (see
+        # Broker.reclaim_from); a lease left expired keeps it, and so the next floor, behind it.
         if len(rows) < self.BATCH:
             self._floor = cutoff - self.FLOOR_MARGIN
             self._backlog = False
         else:
-            self._floor = max(row["expired_at"] for row in rows)
+            self._floor = min(max(row["expired_at"] for row in rows), cutoff)
             self._backlog = True
         self._unblock()
         self.broker.prune_parked_workers(self.BATCH)

@@ -599,6 +599,19 @@ WITH expired AS (
 SELECT id, name, queue, status, attempt, retries, previous_owner, expired_at, chord, limit_key
   FROM done
 
+-- name: reclaimed_until
+-- Run after reclaim_expired, in its transaction: the time (database clock) up to which every
+-- lease from %(floor)s on has been taken back. That is now(), unless a row whose lease ran out
+-- before it is still RUNNING: one that reclaim_expired skipped because another transaction held
+-- it (a reclaim, a renewal or an outcome write, perhaps rolled back since by a killed worker or
+-- a restarted server), one past its batch limit, or one committed after its statement began. The
+-- oldest such lease is the answer then, so that a floor taken from it never passes the row.
+-- Reads the lease index from the floor to the first such row (or to now()), as the reclaim did.
+SELECT LEAST(now(), (SELECT min(lease_until)
+                       FROM {schema}.tasks
+                      WHERE status = 'RUNNING' AND lease_until < now()
+                        AND lease_until >= COALESCE(%(floor)s::timestamptz, '-infinity'))) AS until
+
 -- name: transaction_time
 -- The current transaction's start on the database clock (what now() reads in its statements).
 SELECT now() AS now

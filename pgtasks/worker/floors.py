@@ -29,6 +29,7 @@ way, with the same ``Gate``.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -79,11 +80,15 @@ class FloorPlan:
 class Gate:
     """Whether a scan may start from a floor: only after a full scan was slow, and with a full
     scan again every ``min_full_every`` seconds and at least every ``cost_factor`` times what the
-    last one took. A fast full scan turns floors off. Times are monotonic seconds."""
+    last one took, but at most ``max_full_every`` seconds after it (what a scan from a floor
+    cannot see waits that long at most, however long the full scan took, or seemed to take: a
+    wait for a connection while the server restarts counts in it too). A fast full scan turns
+    floors off. Times are monotonic seconds."""
 
     slow: float
     min_full_every: float
     cost_factor: float = 50.0
+    max_full_every: float = math.inf
     active: bool = False
     next_full: float = 0.0
 
@@ -94,7 +99,8 @@ class Gate:
         """A full scan took ``elapsed`` seconds."""
         self.active = elapsed >= self.slow
         if self.active:
-            self.next_full = now + max(self.min_full_every, self.cost_factor * elapsed)
+            wait = max(self.min_full_every, self.cost_factor * elapsed)
+            self.next_full = now + min(wait, self.max_full_every)
 
 
 @dataclass

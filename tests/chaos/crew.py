@@ -1,7 +1,9 @@
 """What every chaos run shares: the crew of worker processes, the fault loop, the books.
 
 A scenario enqueues a known set of ``coord.record`` tasks, injects a fault about once a second
-until every task has finished, and checks the books (see ``books``).
+until every task has finished, and checks the books (see ``books``). Between faults, no RUNNING
+row may keep an expired lease for longer than the lease, a reclaim interval and a margin: a
+lease the reclaimers pass over fails the run as it happens, not at its deadline.
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ Db = Callable[[], psycopg.Connection[Any]]
 
 WORKERS = 4
 LEASE = 1.0
+#: Seconds between a worker's reclaims (its maintenance interval for LEASE).
+RECLAIM_INTERVAL = min(max(LEASE / 3.0, 0.2), 10.0)
+#: Seconds a lease may stay expired on a RUNNING row before the run fails: the lease, a reclaim
+#: interval, and a margin for a busy machine. A lease that ran out while the server was down
+#: counts from the server's start. A lease the reclaimers pass over waits for a full reclaim,
+#: ten seconds or more: past this.
+STALE_AFTER = LEASE + RECLAIM_INTERVAL + 4.0
 # Each task sleeps a little, so that kills land in the middle of running tasks and the run lasts
 # long enough for several of them.
 TASK_SLEEP = 0.02
@@ -92,8 +101,31 @@ def crew(pg_dsn: str, schema: str, db: psycopg.Connection[Any], **options: Any) 
         team.close()
 
 
-def run_with_faults(db: Db, team: Crew, fault: Callable[[random.Random], bool], seed: int) -> int:
-    """Inject a fault about once a second until every task has finished; returns how many."""
+def stale_leases(db: psycopg.Connection[Any], after: float) -> list[dict[str, Any]]:
+    """RUNNING rows whose lease ran out more than ``after`` seconds ago (or, if it ran out
+    while the server was down, more than ``after`` seconds after the server started)."""
+    return rows(
+        db,
+        "SELECT id, claimed_by, attempt, now() - lease_until AS expired_for,"
+        "       now() - pg_postmaster_start_time() AS server_up_for"
+        "  FROM tasks"
+        " WHERE status = 'RUNNING'"
+        "   AND GREATEST(lease_until, pg_postmaster_start_time())"
+        "       < now() - make_interval(secs => %s)"
+        " ORDER BY lease_until LIMIT 5",
+        (after,),
+    )
+
+
+def run_with_faults(
+    db: Db,
+    team: Crew,
+    fault: Callable[[random.Random], bool],
+    seed: int,
+    stale_after: float = STALE_AFTER,
+) -> int:
+    """Inject a fault about once a second until every task has finished; returns how many.
+    Between faults, no RUNNING row may keep a lease expired for ``stale_after`` seconds."""
     rnd = random.Random(seed)
     faults = 0
 
@@ -109,10 +141,19 @@ def run_with_faults(db: Db, team: Crew, fault: Callable[[random.Random], bool], 
         )
         return "\n".join(str(c) for c in counts)
 
+    def no_stale_leases() -> None:
+        stale = stale_leases(db(), stale_after)
+        assert not stale, (
+            f"leases expired for over {stale_after:g}s, with live workers: {stale}\n"
+            f"{state()}\n{team.details()}"
+        )
+
     deadline = time.monotonic() + DEADLINE
     while unfinished():
         assert time.monotonic() < deadline, f"unfinished:\n{state()}\n{team.details()}"
+        no_stale_leases()
         time.sleep(rnd.uniform(0.5, 1.5))
+        no_stale_leases()
         if unfinished() and fault(rnd):
             faults += 1
     return faults
@@ -127,13 +168,15 @@ def scenario(
     seed: int,
     tasks: int = 2000,
     crashed: bool = False,
+    stale_after: float = STALE_AFTER,
 ) -> books.Books:
     """Enqueue the run's tasks (``tasks`` in CI), inject ``fault`` about once a second until
-    they have all finished, and check the books."""
+    they have all finished (no lease staying expired for ``stale_after`` seconds meanwhile),
+    and check the books."""
     coord.install(db())
     calls = [((i,), {"sleep": TASK_SLEEP}) for i in range(books.size(tasks))]
     ids = {r.id for r in remote(app, coord.RECORD).apply_many(calls)}
-    faults = run_with_faults(db, team, lambda rnd: fault(team, rnd), seed)
+    faults = run_with_faults(db, team, lambda rnd: fault(team, rnd), seed, stale_after)
     # The workers still listed carried on: only the ones the test killed died.
     assert all(w.alive() for w in team.live), team.details()
     kept = books.check(db(), ids, crashed)

@@ -1,7 +1,8 @@
 """Chaos: the database goes away under a running crew, then the books.
 
 * The server restarts (fast and immediate shutdown) a few times during a run, staying down for
-  up to twice the lease: the workers reconnect, the run finishes, nothing is lost.
+  up to twice the lease, and in the fast run workers are killed with ``kill -9`` between the
+  restarts: the workers reconnect, the run finishes, nothing is lost.
 * One worker's link to the database is paused for three leases, so the others take over its
   tasks, then resumed or cut: its late outcomes are discarded, nothing is lost.
 
@@ -27,7 +28,7 @@ from psycopg import sql
 
 from pgtasks import Celery
 from pgtasks.migrate import migrate
-from tests.chaos.crew import LEASE, TIMEOUT, Crew, crew, scenario
+from tests.chaos.crew import LEASE, STALE_AFTER, TIMEOUT, Crew, crew, scenario
 from tests.chaos.proxy import Proxy
 
 
@@ -91,16 +92,45 @@ def server_app(server: Server) -> Iterator[Celery]:
 
 @pytest.mark.timeout(TIMEOUT)
 @pytest.mark.usefixtures("no_dead_letters_for_lost_workers")
-@pytest.mark.parametrize("mode", ["fast", "immediate"])
-def test_database_restarts_lose_no_task(server: Server, server_app: Celery, mode: str) -> None:
+@pytest.mark.parametrize(
+    ("mode", "kills"), [("fast", True), ("immediate", False)], ids=["fast", "immediate"]
+)
+def test_database_restarts_lose_no_task(
+    server: Server, server_app: Celery, mode: str, kills: bool
+) -> None:
+    faults = 0
+
     def restart(team: Crew, rnd: random.Random) -> bool:
-        server.restart(mode, downtime=rnd.uniform(0.2, 2 * LEASE))
+        nonlocal faults
+        faults += 1
+        if kills and faults % 2 == 0:
+            # Between restarts, a worker killed with its transactions (a reclaim among them)
+            # open: what it held must not be passed over by the others. Its replacement is
+            # up before the next restart (a worker that cannot reach the database as it
+            # starts exits).
+            team.kill(rnd.choice(team.live))
+            team.start().wait_ready(server.db())
+        else:
+            server.restart(mode, downtime=rnd.uniform(0.2, 2 * LEASE))
         return True
 
+    # A worker's pool retries its connection with a doubling backoff from one second: after a
+    # downtime of up to two leases (and recovery), it may be back some seconds after the server.
+    stale_after = STALE_AFTER + 4 * LEASE
     with crew(server.dsn, server.schema, server.db(), pool="threads", concurrency=2) as team:
         seed = int(os.environ.get("SEED", 13))
-        name = f"database restarts ({mode} shutdown)"
-        scenario(server_app, server.db, team, restart, name, seed, crashed=mode == "immediate")
+        name = f"database restarts ({mode} shutdown{', kill -9 of workers' if kills else ''})"
+        crashed = mode == "immediate"
+        scenario(
+            server_app,
+            server.db,
+            team,
+            restart,
+            name,
+            seed,
+            crashed=crashed,
+            stale_after=stale_after,
+        )
 
 
 @pytest.mark.timeout(TIMEOUT)
@@ -128,7 +158,18 @@ def test_a_worker_cut_off_from_the_database_loses_no_task(
             return True
 
         seed = int(os.environ.get("SEED", 17))
-        scenario(app, lambda: db, team, partition, "one worker cut off", seed, tasks=3000)
+        # Rows that the cut-off worker's reclaim held as the link paused are free when it ends.
+        stale_after = STALE_AFTER + 3 * LEASE
+        scenario(
+            app,
+            lambda: db,
+            team,
+            partition,
+            "one worker cut off",
+            seed,
+            tasks=3000,
+            stale_after=stale_after,
+        )
         assert cut_off.alive(), cut_off.describe()
         lost = [e for e in cut_off.events() if e.get("event") == "lease.lost"]
         assert lost, f"the cut-off worker never lost a lease\n{cut_off.describe()}"
