@@ -188,7 +188,8 @@ def remote(app: Celery, name: str) -> Task[Any, Any]:
 
 
 class WorkerProcess:
-    """One ``python -m pgtasks worker`` subprocess, leader of its own process group."""
+    """One ``python -m pgtasks worker`` subprocess, leader of its own process group, logging
+    JSON lines of ``loglevel`` and above (see ``events``)."""
 
     def __init__(
         self,
@@ -201,6 +202,7 @@ class WorkerProcess:
         concurrency: int = 2,
         lease: float = 2.0,
         poll_interval: float = 0.05,
+        loglevel: str = "WARNING",
     ) -> None:
         self.name = name
         fd, log = tempfile.mkstemp(prefix=f"pgtasks-{name}-", suffix=".log")
@@ -230,7 +232,7 @@ class WorkerProcess:
             "--poll-interval",
             str(poll_interval),
             "-l",
-            "WARNING",
+            loglevel,
             "--log-format",
             "json",
         ]
