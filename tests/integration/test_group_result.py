@@ -11,7 +11,7 @@ import pytest
 from pgtasks import Celery, GroupResult, group
 from pgtasks.broker import Broker
 from pgtasks.exceptions import TimeoutError
-from tests.apps.harness import wait_until
+from tests.apps.harness import RecordedWaits, wait_until
 
 TIMEOUT = 20
 
@@ -142,42 +142,17 @@ def test_stored_results_notify_their_channel(app: Celery, tasks: dict[str, Any])
     assert len(notes) == 1
 
 
-class _Recorded:
-    """A result-listening connection whose waits are recorded: each ``notifies()`` call as
-    ("wait", its timeout), then "notify" for a notification or "timeout" when none came."""
-
-    def __init__(self, conn: psycopg.Connection[Any], events: list[Any]) -> None:
-        self._conn = conn
-        self.events = events
-        self.longest_wait = threading.Event()
-
-    def notifies(self, *, timeout: float | None = None, stop_after: int | None = None) -> Any:
-        self.events.append(("wait", timeout))
-        if timeout is not None and timeout >= 1.0:
-            self.longest_wait.set()
-        woken = False
-        for note in self._conn.notifies(timeout=timeout, stop_after=stop_after):
-            woken = True
-            self.events.append("notify")
-            yield note
-        if not woken:
-            self.events.append("timeout")
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
-
-
 def test_get_is_woken_by_notify(
     worker_factory: Any, app: Celery, tasks: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A waiter blocked in get() learns of the result from NOTIFY, not from its fallback poll
     (which grows to a second)."""
     res = tasks["double"].delay(21)
-    listening: list[_Recorded] = []
+    listening: list[RecordedWaits] = []
     listen = app.broker.result_listen_connection
 
     def recorded_listen() -> Any:
-        conn = _Recorded(listen(), [])
+        conn = RecordedWaits(listen(), longest=1.0)
         if threading.current_thread() is waiter:
             listening.append(conn)
         return conn
