@@ -37,6 +37,7 @@ the asyncio pool run ``async def`` versions of the same tasks (see ``bench_tasks
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import subprocess
@@ -714,7 +715,7 @@ def _load(
         window = opts.window
         t0 = time.perf_counter()
         end = t0 + seconds
-        next_window = t0 + window
+        next_window = t0 + _window_end(1, window, seconds)
         while True:
             now = time.perf_counter()
             # The last window closes as the phase ends (its loop round sends nothing).
@@ -751,9 +752,7 @@ def _load(
                     }
                 )
                 vacuums_before, checkpoints_before = vacuums, checkpoints
-                # From the start, not from the last boundary: a phase of whole windows ends
-                # on its last one, however many small steps they add up from.
-                next_window = t0 + (len(windows) + 1) * window
+                next_window = t0 + _window_end(len(windows) + 1, window, seconds)
                 sent_before = sent
                 progress.status(
                     f"{label} {_bar(int(now - t0), int(seconds))} s  "
@@ -786,6 +785,14 @@ def _load(
         "autovacuum_off": vacuum_off,
         **cost,
     }
+
+
+def _window_end(n: int, window: float, seconds: float) -> float:
+    """Seconds from a load phase's start to the end of its ``n``-th window; the phase's own
+    end for the window that ends with it (three windows of 0.1 s add up to a little more than
+    0.3 s in floating point: the last one might not close before the phase ends)."""
+    at = n * window
+    return seconds if math.isclose(at, seconds) else at
 
 
 def _maintenance(report: dict[str, Any]) -> str:
