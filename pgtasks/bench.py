@@ -21,6 +21,10 @@ comment, dropped at the end) so the application's own tasks are never touched:
   latency percentiles and the size of the tables every ten seconds, on workers keeping
   finished rows for a minute.
 
+The capacity and steady phases read their figures window by window, ten seconds each unless
+``window`` says otherwise; shorter windows make a run of a few seconds possible, to check that
+the bench runs on a database, but hold too few tasks for figures that mean anything.
+
 Burn-down and steady also report what a task costs: WAL bytes per task, the CPU time of the
 worker processes per 1,000 tasks, and that of the server processes serving the database (both
 read from ``/proc``, so only on Linux, and the server's only when it runs on this host).
@@ -33,6 +37,7 @@ the asyncio pool run ``async def`` versions of the same tasks (see ``bench_tasks
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import subprocess
@@ -58,7 +63,8 @@ PHASES = ("enqueue", "burn-down", "latency", "capacity", "steady")
 #: What runs without ``--only`` (the capacity and steady phases take minutes: they run when
 #: asked for).
 DEFAULT_PHASES = ("enqueue", "burn-down", "latency")
-#: The steady phase samples latency and sizes this often (seconds).
+#: The load phases (capacity, steady) sample latency and sizes this often by default
+#: (seconds): long enough for a window to hold many tasks and to outlast a vacuum's pause.
 WINDOW = 10.0
 #: The steady phase's workers keep results at least this long (seconds): its windows read them.
 STEADY_RESULTS_KEPT = 60.0
@@ -133,6 +139,9 @@ class Options:
     phases: Sequence[str] = DEFAULT_PHASES
     capacity_seconds: float = 150.0
     steady_seconds: float = 300.0
+    #: Length of the load phases' windows (seconds); the capacity phase runs two at least,
+    #: the steady phase one.
+    window: float = WINDOW
     #: Offered load of the steady phase; None: 80% of this run's capacity (or, without the
     #: capacity phase, of its burn-down rate).
     steady_rate: float | None = None
@@ -148,6 +157,29 @@ class Options:
     def one_by_one(self) -> int:
         """How many tasks the one-by-one enqueue sends: a tenth of ``tasks``, at least 1000."""
         return max(1000, self.tasks // 10)
+
+
+def check_options(opts: Options) -> None:
+    """Raise BenchError for options no run can honour: an unknown phase, a count below one,
+    or a load phase shorter than the windows it is measured in (the capacity phase measures
+    its second half, so it needs two; the steady phase one)."""
+    unknown = set(opts.phases) - set(PHASES)
+    if unknown:
+        raise BenchError(f"unknown phase {sorted(unknown)[0]!r}: choose from {', '.join(PHASES)}")
+    if opts.tasks < 1 or opts.workers < 1 or opts.concurrency < 1:
+        raise BenchError("--tasks, --workers and --concurrency must be at least 1")
+    if opts.window <= 0:
+        raise BenchError("--window-seconds must be above zero")
+    if "capacity" in opts.phases and opts.capacity_seconds < 2 * opts.window:
+        raise BenchError(
+            f"--capacity-seconds must cover two windows of {opts.window:g} s "
+            f"(--window-seconds): give {2 * opts.window:g} or more"
+        )
+    if "steady" in opts.phases and opts.steady_seconds < opts.window:
+        raise BenchError(
+            f"--steady-seconds must cover a window of {opts.window:g} s (--window-seconds): "
+            f"give {opts.window:g} or more"
+        )
 
 
 # -- progress ---------------------------------------------------------------------------------
@@ -661,9 +693,9 @@ class TopUp:
 def _load(
     opts: Options, pace: Pace, seconds: float, label: str, progress: Progress
 ) -> dict[str, Any]:
-    """Enqueue as ``pace`` says while the workers process, for ``seconds``; every WINDOW
-    seconds, the latency of the tasks finished meanwhile and the table sizes. The figures
-    both load phases share."""
+    """Enqueue as ``pace`` says while the workers process, for ``seconds``; every
+    ``opts.window`` seconds, the latency of the tasks finished meanwhile and the table sizes.
+    The figures both load phases share."""
     # The windows read the tasks' latency from their results, which are therefore kept at
     # least as long as the finished rows, and for a window's reading at least.
     env = {
@@ -680,9 +712,10 @@ def _load(
         meter = CostMeter.start(workers)
         windows: list[dict[str, Any]] = []
         sent = finished = sent_before = 0
+        window = opts.window
         t0 = time.perf_counter()
         end = t0 + seconds
-        next_window = t0 + WINDOW
+        next_window = t0 + _window_end(1, window, seconds)
         while True:
             now = time.perf_counter()
             # The last window closes as the phase ends (its loop round sends nothing).
@@ -703,8 +736,8 @@ def _load(
                 windows.append(
                     {
                         "at_s": round(now - t0, 1),
-                        "sent_per_second": (sent - sent_before) / WINDOW,
-                        "finished_per_second": row["done"] / WINDOW,
+                        "sent_per_second": (sent - sent_before) / window,
+                        "finished_per_second": row["done"] / window,
                         "p50_ms": p50,
                         "p99_ms": p99,
                         # Sent and not yet finished, as the windows counted them.
@@ -719,7 +752,7 @@ def _load(
                     }
                 )
                 vacuums_before, checkpoints_before = vacuums, checkpoints
-                next_window += WINDOW
+                next_window = t0 + _window_end(len(windows) + 1, window, seconds)
                 sent_before = sent
                 progress.status(
                     f"{label} {_bar(int(now - t0), int(seconds))} s  "
@@ -731,12 +764,13 @@ def _load(
             time.sleep(0.01)
         cost = meter.stop(sent)
     if not windows:
-        raise BenchError(f"--{label}-seconds must cover at least one {WINDOW:g} s window")
+        raise BenchError(f"--{label}-seconds must cover at least one {opts.window:g} s window")
     p99s = [w["p99_ms"] for w in windows if w["p99_ms"] is not None]
     half = len(p99s) // 2 or 1
     sizes = [w["tasks_mb"] + w["results_mb"] + w["attempts_mb"] for w in windows]
     return {
         "seconds": seconds,
+        "window_seconds": opts.window,
         "sent": sent,
         "retention_seconds": opts.steady_retention,
         "results_kept_seconds": max(opts.steady_retention, STEADY_RESULTS_KEPT),
@@ -751,6 +785,14 @@ def _load(
         "autovacuum_off": vacuum_off,
         **cost,
     }
+
+
+def _window_end(n: int, window: float, seconds: float) -> float:
+    """Seconds from a load phase's start to the end of its ``n``-th window; the phase's own
+    end for the window that ends with it (three windows of 0.1 s add up to a little more than
+    0.3 s in floating point: the last one might not close before the phase ends)."""
+    at = n * window
+    return seconds if math.isclose(at, seconds) else at
 
 
 def _maintenance(report: dict[str, Any]) -> str:
@@ -784,20 +826,20 @@ def capacity(opts: Options, progress: Progress) -> dict[str, Any]:
     report = _load(opts, TopUp(CAPACITY_BACKLOG), opts.capacity_seconds, "capacity", progress)
     windows = report["windows"]
     kept = report["results_kept_seconds"]
-    settled = [w for w in windows if w["at_s"] - WINDOW >= kept]
+    settled = [w for w in windows if w["at_s"] - opts.window >= kept]
     measured = settled or windows[len(windows) // 2 :]
     rate = _finished_rate(measured)
     report.update(
         backlog=CAPACITY_BACKLOG,
         tasks_per_second=rate,
-        measured_from_s=(len(windows) - len(measured)) * WINDOW,
+        measured_from_s=(len(windows) - len(measured)) * opts.window,
         pruning_included=bool(settled),
     )
     caveat = (
         ""
         if settled
         else f"; shorter than the {kept:g} s rows are kept, so without the pruning's cost: "
-        f"give --capacity-seconds {_capacity_seconds(kept):g} or more"
+        f"give --capacity-seconds {_capacity_seconds(kept, opts.window):g} or more"
     )
     progress.result(
         f"capacity: {rate:,.0f} tasks/s finished while enqueueing alongside "
@@ -807,14 +849,15 @@ def capacity(opts: Options, progress: Progress) -> dict[str, Any]:
     return report
 
 
-def _capacity_seconds(kept: float) -> float:
+def _capacity_seconds(kept: float, window: float) -> float:
     """The shortest capacity phase that measures four windows after ``kept`` seconds."""
-    return kept + 4 * WINDOW
+    return kept + 4 * window
 
 
 def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
     """Enqueue at ``rate`` per second while the workers process, for ``opts.steady_seconds``;
-    every WINDOW seconds, the latency of the tasks finished meanwhile and the table sizes."""
+    every ``opts.window`` seconds, the latency of the tasks finished meanwhile and the table
+    sizes."""
     report = _load(opts, FixedRate(rate), opts.steady_seconds, "steady", progress)
     report = {"offered_per_second": rate, **report, **keeping_up(report["windows"], rate)}
     if report["kept_up"]:
@@ -895,11 +938,7 @@ def prepare_schema(opts: Options) -> None:
 
 def run(opts: Options, progress: Progress | None = None) -> dict[str, Any]:
     """Run the selected phases; returns the report (``setup`` and ``phases``)."""
-    unknown = set(opts.phases) - set(PHASES)
-    if unknown:
-        raise BenchError(f"unknown phase {sorted(unknown)[0]!r}: choose from {', '.join(PHASES)}")
-    if opts.tasks < 1 or opts.workers < 1 or opts.concurrency < 1:
-        raise BenchError("--tasks, --workers and --concurrency must be at least 1")
+    check_options(opts)
     progress = progress or Progress()
     phases: dict[str, Any] = {}
     with _bench_settings(opts):
@@ -946,6 +985,9 @@ def _run_phases(opts: Options, progress: Progress, phases: dict[str, Any]) -> No
                 phases["latency"] = latency(
                     opts.latency_samples, opts.rate, workers, progress, stamping
                 )
+    load = [p for p in ("capacity", "steady") if p in opts.phases]
+    if load and opts.window < WINDOW:
+        progress.result(short_windows_warning(opts.window, load))
     if "capacity" in opts.phases:
         app.broker.purge()
         phases["capacity"] = capacity(opts, progress)
@@ -961,6 +1003,16 @@ def _run_phases(opts: Options, progress: Progress, phases: dict[str, Any]) -> No
             rate = STEADY_SHARE * measured["tasks_per_second"]
         app.broker.purge()
         phases["steady"] = steady(opts, rate, progress)
+
+
+def short_windows_warning(window: float, phases: Sequence[str]) -> str:
+    """What a run with windows shorter than WINDOW says before its load ``phases``."""
+    return (
+        f"warning: the {' and '.join(phases)} figures come from windows of {window:g} s, "
+        f"shorter than the {WINDOW:g} s default: each holds few tasks, and a worker's start, "
+        "a vacuum or a checkpoint can fill one, so they do not measure the queue; short windows "
+        "only check that the bench runs on this database"
+    )
 
 
 # -- the report -------------------------------------------------------------------------------
@@ -1050,14 +1102,20 @@ _WINDOW_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
 )
 
 
-def window_table(label: str, windows: Sequence[dict[str, Any]]) -> list[str]:
+def window_table(
+    label: str, windows: Sequence[dict[str, Any]], window: float = WINDOW
+) -> list[str]:
     """A load phase's windows as a table: what was sent and finished a second, the latency
     from send to start of the tasks finished in each, what was waiting at its end, the size
-    of the tables with their indexes, and the vacuums and checkpoints that finished in it."""
-    rows = [[head for head, _ in _WINDOW_COLUMNS]]
-    rows += [[cell(w) for _, cell in _WINDOW_COLUMNS] for w in windows]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(_WINDOW_COLUMNS))]
-    return [f"{label}, every {WINDOW:g} s:"] + [
+    of the tables with their indexes, and the vacuums and checkpoints that finished in it.
+    ``window`` is their length in seconds (the times they end in tenths where it is not whole)."""
+    columns = list(_WINDOW_COLUMNS)
+    if not float(window).is_integer():
+        columns[0] = ("AT", lambda w: f"{w['at_s']:.1f} s")
+    rows = [[head for head, _ in columns]]
+    rows += [[cell(w) for _, cell in columns] for w in windows]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
+    return [f"{label}, every {window:g} s:"] + [
         "  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True))
         for row in rows
     ]
@@ -1072,10 +1130,10 @@ def format_report(report: dict[str, Any]) -> str:
         for phase, value, unit in rows
     ]
     for key in ("capacity", "steady"):
-        windows = report["phases"].get(key, {}).get("windows")
-        if windows:
+        phase = report["phases"].get(key, {})
+        if phase.get("windows"):
             lines.append("")
-            lines.extend(window_table(key, windows))
+            lines.extend(window_table(key, phase["windows"], phase.get("window_seconds", WINDOW)))
     s = report["setup"]
     lines.append("")
     lines.append(

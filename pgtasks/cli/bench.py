@@ -99,19 +99,29 @@ def _database_url(ctx: click.Context, given: str | None) -> str:
 @click.option(
     "--capacity-seconds",
     metavar="S",
-    type=click.FloatRange(min=20.0),
+    type=click.FloatRange(min=0.0, min_open=True),
     default=150.0,
     show_default=True,
-    help="How long the capacity phase runs (its rate is that of the windows after the first "
-    "minute, once finished rows are pruned as fast as they come).",
+    help="How long the capacity phase runs, two windows at least (its rate is that of the "
+    "windows after the first minute, once finished rows are pruned as fast as they come).",
 )
 @click.option(
     "--steady-seconds",
     metavar="S",
-    type=click.FloatRange(min=10.0),
+    type=click.FloatRange(min=0.0, min_open=True),
     default=300.0,
     show_default=True,
-    help="How long the steady phase runs.",
+    help="How long the steady phase runs, a window at least.",
+)
+@click.option(
+    "--window-seconds",
+    metavar="S",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    help="Length of the capacity and steady phases' windows. Shorter ones allow a run of a "
+    "few seconds, to check that the bench runs on a database; such a run warns that its "
+    "figures mean little, as each window holds too few tasks.",
 )
 @click.option(
     "--steady-rate",
@@ -158,6 +168,7 @@ def bench(
     only: str | None,
     capacity_seconds: float,
     steady_seconds: float,
+    window_seconds: float,
     steady_rate: float | None,
     steady_retention: float,
     hold_snapshot: bool,
@@ -188,7 +199,7 @@ def bench(
       steady     only with --only: enqueue at --steady-rate (by default 80% of
                  the capacity) while the workers process, for --steady-seconds;
                  p50/p99, table sizes and the vacuums and checkpoints that
-                 finished, every 10 s, workers keeping finished rows
+                 finished, every --window-seconds, workers keeping finished rows
                  --steady-retention seconds, and whether the workers kept up
                  (when they fell behind, it suggests a rate to try)
 
@@ -211,6 +222,8 @@ def bench(
       pgtasks bench --only steady --steady-rate 2000 --hold-snapshot
       pgtasks bench --only steady --steady-rate 2000 --steady-retention 0
       pgtasks bench --tasks 2000 --json | jq .phases.burn_down
+      pgtasks bench --only capacity,steady --window-seconds 1 \\
+        --capacity-seconds 2 --steady-seconds 2    # a check that it runs
     """
     from pgtasks import bench as bench_
 
@@ -232,12 +245,17 @@ def bench(
         phases=phases,
         capacity_seconds=capacity_seconds,
         steady_seconds=steady_seconds,
+        window=window_seconds,
         steady_rate=steady_rate,
         steady_retention=steady_retention,
         hold_snapshot=hold_snapshot,
         keep=keep,
         force=force,
     )
+    try:
+        bench_.check_options(opts)
+    except bench_.BenchError as exc:
+        raise click.UsageError(str(exc)) from None
     report = bench_.run(opts, bench_.Progress())
     if as_json:
         click.echo(json.dumps(report, indent=2))

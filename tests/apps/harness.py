@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -47,6 +48,33 @@ def wait_until(
             extra = f"\n{details()}" if details is not None else ""
             raise AssertionError(f"timed out after {timeout}s waiting for {what}{extra}")
         time.sleep(interval)
+
+
+class RecordedWaits:
+    """A listening connection whose waits are recorded in ``events``: each ``notifies()`` call
+    as ("wait", its timeout), then "notify" for each notification it gives, or "timeout" when
+    none came. ``longest_wait`` is set once a wait of ``longest`` seconds or more begins."""
+
+    def __init__(self, conn: psycopg.Connection[Any], longest: float = float("inf")) -> None:
+        self._conn = conn
+        self._longest = longest
+        self.events: list[Any] = []
+        self.longest_wait = threading.Event()
+
+    def notifies(self, *, timeout: float | None = None, stop_after: int | None = None) -> Any:
+        self.events.append(("wait", timeout))
+        if timeout is not None and timeout >= self._longest:
+            self.longest_wait.set()
+        woken = False
+        for note in self._conn.notifies(timeout=timeout, stop_after=stop_after):
+            woken = True
+            self.events.append("notify")
+            yield note
+        if not woken:
+            self.events.append("timeout")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
 
 
 def rows(db: psycopg.Connection[Any], query: str, params: Sequence[Any] = ()) -> list[Row]:
@@ -188,7 +216,8 @@ def remote(app: Celery, name: str) -> Task[Any, Any]:
 
 
 class WorkerProcess:
-    """One ``python -m pgtasks worker`` subprocess, leader of its own process group."""
+    """One ``python -m pgtasks worker`` subprocess, leader of its own process group, logging
+    JSON lines of ``loglevel`` and above (see ``events``)."""
 
     def __init__(
         self,
@@ -201,6 +230,7 @@ class WorkerProcess:
         concurrency: int = 2,
         lease: float = 2.0,
         poll_interval: float = 0.05,
+        loglevel: str = "WARNING",
     ) -> None:
         self.name = name
         fd, log = tempfile.mkstemp(prefix=f"pgtasks-{name}-", suffix=".log")
@@ -230,7 +260,7 @@ class WorkerProcess:
             "--poll-interval",
             str(poll_interval),
             "-l",
-            "WARNING",
+            loglevel,
             "--log-format",
             "json",
         ]

@@ -141,7 +141,7 @@ def test_get_async_reads_what_get_reads(app: Celery, work: Any, worker_factory: 
 
 
 def test_get_async_is_woken_by_the_stored_result_not_by_polling(
-    app: Celery, worker_factory: Any
+    app: Celery, worker_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import threading
 
@@ -154,27 +154,45 @@ def test_get_async_is_woken_by_the_stored_result_not_by_polling(
         release.wait(10)
         return "done"
 
-    reads = 0
-    original = AsyncBroker.get_result
+    # Each wait of the waiter on the event a stored result sets: "waiting" as it begins, then
+    # "set" when the event woke it, or "timeout" when its pause ended first.
+    waits: list[str] = []
 
-    async def counted(self: AsyncBroker, task_id: str) -> Any:
-        nonlocal reads
-        reads += 1
-        return await original(self, task_id)
+    class Recorded:
+        def __init__(self, event: asyncio.Event) -> None:
+            self._event = event
+
+        async def wait(self) -> bool:
+            waits.append("waiting")
+            try:
+                await self._event.wait()
+            except asyncio.CancelledError:
+                waits.append("timeout")
+                raise
+            waits.append("set")
+            return True
+
+    original = AsyncBroker.result_event
+
+    async def recorded(self: AsyncBroker) -> Any:
+        stored = await original(self)
+        return None if stored is None else Recorded(stored)
+
+    monkeypatch.setattr(AsyncBroker, "result_event", recorded)
 
     async def main() -> Any:
         sent = await slow.delay_async()
         waiting = asyncio.create_task(sent.get_async(timeout=30))
-        await asyncio.sleep(0.5)  # the waiter is listening, between reads
+        # The first pause is short; from the second on, listening, the waiter waits a second.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 15
+        while not (waits.count("waiting") >= 2 and waits[-1] == "waiting"):
+            assert loop.time() < deadline, f"the waiter never listened: {waits}"
+            await asyncio.sleep(0.01)
         release.set()
         return await waiting
 
-    AsyncBroker.get_result = counted  # type: ignore[method-assign]
-    try:
-        with worker_factory():
-            assert run(app, main) == "done"
-    finally:
-        AsyncBroker.get_result = original  # type: ignore[method-assign]
-    # Polling from 10 ms would have read the row a dozen times in that half second; listening,
-    # it is read once before the wait, maybe again for another stored result, and once after.
-    assert reads <= 4, reads
+    with worker_factory():
+        assert run(app, main) == "done"
+    # Its last wait ended as the stored result's notification set the event.
+    assert waits[-1] == "set", waits

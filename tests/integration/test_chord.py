@@ -16,7 +16,7 @@ from pgtasks import Celery, chord, group
 from pgtasks.broker import Success
 from pgtasks.canvas import chord_body_builder
 from pgtasks.exceptions import ChordError
-from tests.apps.harness import expire_lease
+from tests.apps.harness import expire_lease, one, wait_until
 from tests.conftest import running_worker
 
 TIMEOUT = 60
@@ -50,6 +50,16 @@ def make_app(pg_dsn: str, schema: str, bodies: list[Any]) -> Celery:
         return task_id
 
     return app
+
+
+def unfinished(db: psycopg.Connection[Any]) -> int:
+    """Rows that may still run: waiting, blocked or running."""
+    return int(
+        one(
+            db,
+            "SELECT count(*) AS n FROM tasks WHERE status IN ('PENDING', 'BLOCKED', 'RUNNING')",
+        )["n"]
+    )
 
 
 @pytest.fixture
@@ -89,8 +99,9 @@ def test_chord_body_runs_once_with_ordered_results_under_concurrent_workers(
         values = res.get(timeout=TIMEOUT)
         # Then the body got every result, in header order
         assert values == [i * i for i in range(50)]
-        # And once only: one body row, one body call, no counter left
-        time.sleep(0.3)
+        # And once only: one body row, one body call, no counter left, once no row is left
+        # that could still run (a finished row never runs again)
+        wait_until(lambda: unfinished(db) == 0, timeout=TIMEOUT, what="every row to finish")
     assert [b for b in bodies if b[0] == "body"] == [("body", values)]
     assert db.execute("SELECT count(*) FROM tasks WHERE name = 'collect'").fetchone() == (1,)
     assert db.execute("SELECT count(*) FROM chords").fetchone() == (0,)
@@ -128,9 +139,9 @@ def test_failing_member_fails_the_chord_and_skips_the_body(
         with pytest.raises(ChordError, match=r"Dependency .* raised KeyError"):
             res.get(timeout=TIMEOUT, follow_parents=False)
         # And the body's errback is applied with the body's id
-        deadline = time.monotonic() + TIMEOUT
-        while not any(b[0] == "errback" for b in bodies) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(
+            lambda: any(b[0] == "errback" for b in bodies), timeout=TIMEOUT, what="the errback"
+        )
     # And the body never ran
     assert [b for b in bodies if b[0] == "body"] == []
     assert ("errback", res.id) in bodies
@@ -228,13 +239,14 @@ def test_concurrent_last_members_fire_the_body_once(
 
 
 def test_member_that_expires_before_running_still_counts(
-    pg_dsn: str, schema: str, capp: Celery, bodies: list[Any]
+    pg_dsn: str, schema: str, capp: Celery, bodies: list[Any], db: psycopg.Connection[Any]
 ) -> None:
     """A member settled without running (here: expired) is a failed member, so the chord
     ends with a ChordError instead of waiting forever."""
     square, collect = capp.tasks["square"], capp.tasks["collect"]
     res = chord([square.s(1), square.s(2).set(expires=0.0)], collect.s()).apply_async()
-    time.sleep(0.05)
+    expired = "SELECT bool_and(expires_at < now()) AS past FROM tasks WHERE expires_at IS NOT NULL"
+    wait_until(lambda: one(db, expired)["past"], what="the database clock to pass the expiry")
     with workers(pg_dsn, schema, bodies, 1), pytest.raises(ChordError):
         res.get(timeout=TIMEOUT, follow_parents=False)
     assert bodies == []

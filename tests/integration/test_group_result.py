@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import psycopg
@@ -10,6 +11,7 @@ import pytest
 from pgtasks import Celery, GroupResult, group
 from pgtasks.broker import Broker
 from pgtasks.exceptions import TimeoutError
+from tests.apps.harness import RecordedWaits, wait_until
 
 TIMEOUT = 20
 
@@ -140,24 +142,33 @@ def test_stored_results_notify_their_channel(app: Celery, tasks: dict[str, Any])
     assert len(notes) == 1
 
 
-def test_get_is_woken_by_notify(worker_factory: Any, app: Celery, tasks: dict[str, Any]) -> None:
+def test_get_is_woken_by_notify(
+    worker_factory: Any, app: Celery, tasks: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A waiter blocked in get() learns of the result from NOTIFY, not from its fallback poll
     (which grows to a second)."""
-    import threading
-    import time
-
     res = tasks["double"].delay(21)
-    returned: list[float] = []
+    listening: list[RecordedWaits] = []
+    listen = app.broker.result_listen_connection
 
-    def wait() -> None:
-        res.get(timeout=TIMEOUT)
-        returned.append(time.time())
+    def recorded_listen() -> Any:
+        conn = RecordedWaits(listen(), longest=1.0)
+        if threading.current_thread() is waiter:
+            listening.append(conn)
+        return conn
 
-    waiter = threading.Thread(target=wait)
+    monkeypatch.setattr(app.broker, "result_listen_connection", recorded_listen)
+    waiter = threading.Thread(target=lambda: res.get(timeout=TIMEOUT))
     waiter.start()
-    time.sleep(2.0)  # the fallback poll has grown to its longest pause
+    # The fallback poll has grown to its longest pause: a poll would not come for a second.
+    wait_until(
+        lambda: listening and listening[0].longest_wait.is_set(),
+        what="the waiter's longest pause",
+    )
     with worker_factory():
         waiter.join(TIMEOUT)
-    assert returned and res.date_done is not None
-    # Woken within milliseconds of the commit; a poll-only waiter would often be ~1 s late.
-    assert returned[0] - res.date_done.timestamp() < 0.3
+    assert not waiter.is_alive() and res.date_done is not None
+    assert res.get(timeout=0) == 42
+    # Its last wait ended with the notification, not at the end of its pause.
+    events = listening[0].events
+    assert events[-1] == "notify", events

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import psycopg
@@ -21,7 +20,6 @@ def test_ten_thousand_tasks_complete_exactly_once_across_three_processes(
     names = [f"scale-{i}" for i in range(3)]
     with worker_processes(pg_dsn, schema, names, ready=db, concurrency=2) as workers:
         details = describe_all(workers)
-        started = time.monotonic()
         results = remote(app, coord.RECORD).apply_many([(i,) for i in range(TOTAL)])
         assert len({r.id for r in results}) == TOTAL
 
@@ -30,7 +28,6 @@ def test_ten_thousand_tasks_complete_exactly_once_across_three_processes(
             return left == 0
 
         wait_until(drained, timeout=90, interval=0.2, what="the queue to drain", details=details)
-        took = time.monotonic() - started
         assert all(w.alive() for w in workers), details()
         assert not [p for w in workers for p in w.problems()], details()
 
@@ -63,4 +60,3 @@ def test_ten_thousand_tasks_complete_exactly_once_across_three_processes(
 
     per_worker = rows(db, "SELECT worker, count(*) AS n FROM executions GROUP BY worker")
     assert {w["worker"] for w in per_worker} == set(names), per_worker
-    assert took < 60, f"burn-down took {took:.1f}s"

@@ -19,7 +19,7 @@ from pgtasks.broker import cancel_channel, handoff_channel, notify_channel, resu
 from pgtasks.contrib.testing import start_worker
 from pgtasks.exceptions import TimeoutError as ResultTimeout
 from pgtasks.result import AsyncResult
-from tests.apps.harness import one, rows, status, wait_until
+from tests.apps.harness import RecordedWaits, one, rows, status, wait_until
 from tests.security.conftest import RAN, Roles
 
 
@@ -181,12 +181,22 @@ def test_a_signal_written_with_the_row_is_never_the_one_a_revoke_uses(
     assert worker_app.broker.cancel_state("w1", sent.id, claimed.attempt) == (True, None)
 
 
-def test_a_result_notification_makes_get_look_not_return(roles: Roles) -> None:
+def test_a_result_notification_makes_get_look_not_return(
+    roles: Roles, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The result channel wakes ``get()``, which reads the result table: a forged notification
     (with a forged "result" in it) changes nothing."""
     producer = roles.app(roles.producer)
     sent = producer.tasks["proj.add"].delay(1)
     done = threading.Event()
+    listening: list[RecordedWaits] = []
+    listen = producer.broker.result_listen_connection
+
+    def recorded_listen() -> Any:
+        listening.append(RecordedWaits(listen()))
+        return listening[-1]
+
+    monkeypatch.setattr(producer.broker, "result_listen_connection", recorded_listen)
 
     def forge() -> None:
         with roles.connect(roles.nobody) as nobody:
@@ -204,3 +214,5 @@ def test_a_result_notification_makes_get_look_not_return(roles: Roles) -> None:
         done.set()
         thread.join()
     assert sent.state == "PENDING"
+    # The forgeries reached get(): it was woken, looked, and went on waiting.
+    assert any("notify" in conn.events for conn in listening), [c.events for c in listening]
