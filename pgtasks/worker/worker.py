@@ -43,6 +43,7 @@ from pgtasks.worker.lease import LeaseKeeper
 from pgtasks.worker.listener import Listener, RunHere
 from pgtasks.worker.pools import ThreadPool
 from pgtasks.worker.pools import create as create_pool
+from pgtasks.worker.prefetch import AdaptivePrefetch
 
 if TYPE_CHECKING:
     from pgtasks.app import Celery
@@ -73,18 +74,6 @@ class Worker:
     PARK_SECONDS = 5.0
     #: Seconds a starting worker waits for its listener to listen before it first claims.
     LISTEN_FIRST_WAIT = 2.0
-    #: The most rows a slot's adaptive prefetch holds, however short the tasks: a claim of a
-    #: few hundred rows costs the database far less per row than one of a hundred (the claim
-    #: statement's fixed part), and a misjudged run time holds back no more than this. A
-    #: worker of fewer than four slots may hold up to PREFETCH_PER_WORKER rows in all.
-    PREFETCH_PER_SLOT = 250
-    PREFETCH_PER_WORKER = 1000
-    #: How far the prefetch window grows while claims come back full (a backlog): up to this
-    #: many times prefetch_window, doubling with each full claim, back to one at the first
-    #: claim that finds fewer rows than it asked for.
-    PREFETCH_GROWTH = 4
-    #: How many recent run times the prefetch is sized by (their median; see _runtime).
-    RUNTIME_SAMPLES = 32
 
     def __init__(
         self,
@@ -150,10 +139,8 @@ class Worker:
         # claimed many per statement while long ones are never hoarded.
         self.fixed_prefetch = multiplier > 1
         self.prefetch_extra = self.concurrency * max(0, multiplier - 1)
-        self.prefetch_window = s.prefetch_window
-        self._prefetch_growth = 1
-        self._runtime_ewma: float | None = None
-        self._runtimes: deque[float] = deque(maxlen=self.RUNTIME_SAMPLES)
+        #: Sizes the adaptive buffer from the run times of the calls that ended.
+        self.prefetch = AdaptivePrefetch(self.concurrency, s.prefetch_window)
         # Registered tasks with a rate limit (see _rate_intervals), for a registry of that size.
         self._rates: tuple[int, dict[str, float]] | None = None
         # How many due rows the next claim reads (0: as many as it claims); see _claim.
@@ -362,7 +349,7 @@ class Worker:
         while not self._stopping.is_set():
             self._start_buffered()
             if not self.fixed_prefetch:
-                self.prefetch_extra = self._adaptive_prefetch()
+                self.prefetch_extra = self.prefetch.rows()
             want = self.pool.free_slots() + self.prefetch_extra - len(self._buffer)
             backlog = self._backlog()
             if backlog and backlog > self.prefetch_extra // 2 and not blocked:
@@ -386,7 +373,7 @@ class Worker:
                 claimed, taken = self._claim(want)
                 blocked = taken > len(claimed)
                 backoff = 0.1
-                self._claimed(want, taken)
+                self.prefetch.claimed(want, taken)
             except psycopg.OperationalError as exc:
                 self.log.warning(
                     "worker.db_unavailable",
@@ -716,44 +703,6 @@ class Worker:
         limit = task.rate_limit if task.rate_limit is not None else self.settings.default_rate_limit
         return ratelimits.interval(limit)
 
-    def _runtime(self) -> float | None:
-        """A task's run time, as the prefetch is sized by: the median of the last
-        RUNTIME_SAMPLES, so that the few calls a hundred that wait milliseconds for a core or a
-        reply leave it as it is (through their average, each such call shrank the prefetch,
-        and the claim that refills it came too late to keep the slots busy); but never less
-        than a quarter of the running average, so that one long call shrinks it at once, and
-        where a few tasks in many run long, the rows held ahead never add up to more than
-        about four windows of work at their average run time."""
-        ewma = self._runtime_ewma
-        samples = self._runtimes
-        if ewma is None or not samples:
-            return ewma
-        median = sorted(samples)[len(samples) // 2]
-        return max(median, ewma / 4)
-
-    def _adaptive_prefetch(self) -> int:
-        """Rows to hold beyond the free slots: about prefetch_window seconds of work (up to
-        PREFETCH_GROWTH times that through a backlog, see _claimed)."""
-        runtime = self._runtime()
-        if runtime is None or self.prefetch_window <= 0:
-            return 0
-        window = self.prefetch_window * self._prefetch_growth
-        per_slot = int(window / max(runtime, 1e-4))
-        bound = max(self.PREFETCH_PER_WORKER, self.concurrency * self.PREFETCH_PER_SLOT)
-        return min(self.concurrency * per_slot, bound)
-
-    def _claimed(self, want: int, taken: int) -> None:
-        """Size the next prefetch by what this claim found. A claim that got every row it
-        asked for leaves more due behind it: through such a backlog the window doubles, up to
-        PREFETCH_GROWTH times prefetch_window, so that each claim statement (whose fixed part
-        the database pays per statement) serves several times more rows. The first claim that
-        finds fewer brings it back, so a burst of a few tasks spreads over the workers that
-        wait for it instead of going to the first one to claim."""
-        if taken >= want:
-            self._prefetch_growth = min(self._prefetch_growth * 2, self.PREFETCH_GROWTH)
-        else:
-            self._prefetch_growth = 1
-
     def _start_buffered(self) -> None:
         """Hand every claimed job to the pool, which starts each as a slot frees up."""
         if self._buffer:
@@ -943,9 +892,7 @@ class Worker:
 
     def _done(self, o: ex.Outcome) -> None:
         """Called by the pool when a task finished: queue its final state."""
-        previous = self._runtime_ewma
-        self._runtime_ewma = o.runtime if previous is None else previous * 0.9 + o.runtime * 0.1
-        self._runtimes.append(o.runtime)
+        self.prefetch.ran(o.runtime)
         with self._lock:
             entry = self._claim_of(o.id, o.attempt)
             if entry is not None:
