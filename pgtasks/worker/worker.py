@@ -14,7 +14,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +38,7 @@ from pgtasks.worker import execute as ex
 from pgtasks.worker import task_signals, timelimits
 from pgtasks.worker.completer import Completer, Final
 from pgtasks.worker.floors import Floors
+from pgtasks.worker.inflight import InFlight, InFlightBook
 from pgtasks.worker.lease import LeaseKeeper
 from pgtasks.worker.listener import Listener, RunHere
 from pgtasks.worker.pools import ThreadPool
@@ -49,21 +49,6 @@ if TYPE_CHECKING:
     from pgtasks.app import Celery
 
 log = structlog.get_logger("pgtasks")
-
-
-@dataclass
-class InFlight:
-    """A claimed row this worker believes it owns, until its final state is written."""
-
-    task: ClaimedTask
-    lost: bool = False
-    cancel_requested: bool = False
-    #: Handed to the pool's slot to run: a revoke from now on reaches the running call.
-    running: bool = False
-    #: The signal its process was stopped with (revoke(terminate=True), prefork).
-    terminated: int | None = None
-    # The outcome is queued for the completer, whose fenced write reports a lost lease itself.
-    finishing: bool = False
 
 
 class Worker:
@@ -148,7 +133,7 @@ class Worker:
         self._buffer: deque[ex.Job] = deque()
         self.log = log.bind(worker_id=self.id)
         self._read_levels()
-        self._inflight: dict[str, InFlight] = {}
+        self._inflight = InFlightBook()
         self._backpressure = False
         self._claim_conn: psycopg.Connection[Any] | None = None
         # The claim connection is the loop's, and the listener's for the rows a hand-off names.
@@ -575,7 +560,7 @@ class Worker:
         there."""
         run: RunHere | None = None
         with self._lock:
-            rows = [row for row in rows if self._claim_of(row.id, row.attempt) is None]
+            rows = [row for row in rows if self._inflight.claim_of(row.id, row.attempt) is None]
         jobs: list[ex.Job] = []
         for row in self._well_formed(rows):
             if self._debug:
@@ -667,9 +652,8 @@ class Worker:
     def _dead_letter_unread(self, row: ClaimedTask, reason: str, error: str) -> None:
         """Dead-letter a claimed row that will not be decoded (see _well_formed)."""
         with self._lock:
-            if self._claim_of(row.id, row.attempt) is not None:
+            if self._inflight.add(row) is None:
                 return  # found twice (see _accept): settled as the first time
-            self._inflight[row.id] = InFlight(row)
         TaskLog(self.log, row, self._levels).error("task.dead_lettered", reason=reason, error=error)
         self.metrics.dead_lettered(row.name, row.queue, reason)
         self._settle(self._failure(row, Status.DEAD, error))
@@ -781,11 +765,10 @@ class Worker:
         """The job to run for a claimed row, or None when the row was settled at once or this
         very claim is running already."""
         with self._lock:
-            if self._claim_of(row.id, row.attempt) is not None:
+            if self._inflight.add(row) is None:
                 # Found twice: a claim's rows can be read by an adoption (after the listener
                 # reconnected) before the claim's own result is back, or the other way round.
                 return None
-            self._inflight[row.id] = InFlight(row)
         tlog = TaskLog(self.log, row, self._levels)
         tlog.debug("task.claimed")
         self.metrics.claimed(row.name, row.queue)
@@ -894,9 +877,7 @@ class Worker:
         """Called by the pool when a task finished: queue its final state."""
         self.prefetch.ran(o.runtime)
         with self._lock:
-            entry = self._claim_of(o.id, o.attempt)
-            if entry is not None:
-                entry.finishing = True
+            entry = self._inflight.finishing(o.id, o.attempt)
         if self._backlog() <= self.prefetch_extra // 2:
             # The prefetched jobs are running low: wake the loop to claim more. Until then the
             # pool goes on with its queued jobs without it.
@@ -1055,9 +1036,7 @@ class Worker:
     def _settle(self, final: Final) -> None:
         """Queue the final write of a claimed row that will not run (or ran)."""
         with self._lock:
-            entry = self._claim_of(final.id, final.attempt)
-            if entry is not None:
-                entry.finishing = True
+            self._inflight.finishing(final.id, final.attempt)
         self.completer.put(final)
 
     def _failure(self, row: ClaimedTask, status: str, error: str) -> Failure:
@@ -1080,9 +1059,7 @@ class Worker:
     def _written(self, item: Final, status: str | None) -> None:
         """Called by the completer after the fenced write."""
         with self._lock:
-            entry = self._claim_of(item.id, item.attempt)
-            if entry is not None:
-                del self._inflight[item.id]
+            entry = self._inflight.finished(item.id, item.attempt)
             self.processed += 1
         if self._backpressure:
             self._wake.set()
@@ -1099,16 +1076,6 @@ class Worker:
             task_signals.revoked(
                 self.app, entry.task, self.id, expired=entry.task.expired, signum=entry.terminated
             )
-
-    def _claim_of(self, task_id: str, attempt: int) -> InFlight | None:
-        """The in-flight entry of that very claim (call with the lock held). A row can be
-        claimed again by this worker as soon as an outcome of it is committed (a retry due at
-        once), before the completer has reported that write, or after its lease was lost: an
-        older claim's outcome must neither finish nor remove the newer claim's entry."""
-        entry = self._inflight.get(task_id)
-        if entry is None or entry.task.attempt != attempt:
-            return None
-        return entry
 
     # -- leases --------------------------------------------------------------------------------
 
