@@ -278,6 +278,12 @@ class Worker:
         self._debug = log_enabled(self.log, logging.DEBUG)
         self._levels = (self._debug, log_enabled(self.log, logging.INFO))
 
+    def held(self) -> list[str]:
+        """The ids of the tasks this worker holds a claim of, from the claim until the claim's
+        final state is written (running, waiting for a slot, or being written)."""
+        with self._lock:
+            return list(self._inflight)
+
     def stop(self, cold: bool = False) -> None:
         """Stop claiming; finish what runs (warm) or stop now (cold)."""
         if cold:
