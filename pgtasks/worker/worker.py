@@ -138,7 +138,9 @@ class Worker:
         self._claim_conn: psycopg.Connection[Any] | None = None
         # The claim connection is the loop's, and the listener's for the rows a hand-off names.
         self._claim_lock = threading.Lock()
-        self._floors = Floors()
+        #: Where claims start in each priority band once full claims are slow (see
+        #: pgtasks.worker.floors); its gate says when.
+        self.floors = Floors()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -429,7 +431,7 @@ class Worker:
         """Claim up to ``want`` rows, on the worker's claim connection where there is one
         (see Broker.claim_connection); with how many the claim took, blocked ones included."""
         broker = self.app.broker
-        floors = self._floors
+        floors = self.floors
         plan = floors.plan(self.queues)
         rates = self._rate_intervals()
         with self._claiming() as conn:
@@ -626,7 +628,7 @@ class Worker:
     def _probe_floors(self) -> None:
         """While claims start from floors, look for due rows behind them now and then (see
         pgtasks.worker.floors); on the maintenance thread, off the claim path."""
-        floors = self._floors
+        floors = self.floors
         plan = floors.probe_plan(self.queues, time.monotonic())
         if plan is None:
             return
