@@ -25,7 +25,7 @@ import structlog
 
 from pgtasks import logging as pglogging
 from pgtasks.cli.main import cli, get_app
-from pgtasks.cli.worker_flags import _create_pidfile, node_format
+from pgtasks.cli.worker_flags import create_pidfile, node_format
 from pgtasks.utils.signal_relay import SignalRelay
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ def _log_stream(path: str | None) -> TextIO | None:
 def _pidfile(pidfile: str | None) -> Iterator[None]:
     path = node_format(pidfile) if pidfile else None
     if path:
-        _create_pidfile(path)
+        create_pidfile(path)
     try:
         yield
     finally:

@@ -194,7 +194,7 @@ class CeleryWorkerFlags:
         pidfile = self.values.get("pidfile")
         path = node_format(pidfile, worker_id) if pidfile else None
         if path:
-            _create_pidfile(path)
+            create_pidfile(path)
         try:
             if self.values.get("purge"):
                 self._purge(app, queues, migrate)
@@ -218,7 +218,7 @@ class CeleryWorkerFlags:
         log.info("worker.purged", queues=names, count=count)
 
 
-def _create_pidfile(path: str) -> None:
+def create_pidfile(path: str) -> None:
     """Write our pid to ``path``; a stale file (its process gone) is replaced, a live one
     refuses the start, as Celery does."""
     for _ in range(2):

@@ -75,6 +75,12 @@ class Listener(threading.Thread):
         #: The threads running a task now.
         self._running: set[threading.Thread] = set()
 
+    @property
+    def standing_by(self) -> int:
+        """How many of the listener's threads wait for their turn to listen (one, once both
+        run, while the other listens; none while one of them runs a task it was handed)."""
+        return self._standing_by
+
     def stop(self) -> None:
         self.stopped.set()
 

@@ -138,9 +138,10 @@ class ThreadPool(Pool):
         self._running = 0
         self._waiting_room = 0
         self._room = threading.Condition(threading.Lock())
+        # Jobs submitted before start wait here for the threads, as they do for a busy one.
+        self._jobs: queue.SimpleQueue[tuple[Job, Done] | None] = queue.SimpleQueue()
 
     def start(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Job, Done] | None] = queue.SimpleQueue()
         self._threads = [
             threading.Thread(target=self._run, name=f"pgtasks-task-{i}", daemon=True)
             for i in range(self.concurrency)

@@ -12,9 +12,8 @@ import socket
 import threading
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -39,10 +38,12 @@ from pgtasks.worker import execute as ex
 from pgtasks.worker import task_signals, timelimits
 from pgtasks.worker.completer import Completer, Final
 from pgtasks.worker.floors import Floors
+from pgtasks.worker.inflight import InFlight, InFlightBook
 from pgtasks.worker.lease import LeaseKeeper
 from pgtasks.worker.listener import Listener, RunHere
 from pgtasks.worker.pools import ThreadPool
 from pgtasks.worker.pools import create as create_pool
+from pgtasks.worker.prefetch import AdaptivePrefetch
 
 if TYPE_CHECKING:
     from pgtasks.app import Celery
@@ -50,45 +51,14 @@ if TYPE_CHECKING:
 log = structlog.get_logger("pgtasks")
 
 
-@dataclass
-class InFlight:
-    """A claimed row this worker believes it owns, until its final state is written."""
-
-    task: ClaimedTask
-    lost: bool = False
-    cancel_requested: bool = False
-    #: Handed to the pool's slot to run: a revoke from now on reaches the running call.
-    running: bool = False
-    #: The signal its process was stopped with (revoke(terminate=True), prefork).
-    terminated: int | None = None
-    # The outcome is queued for the completer, whose fenced write reports a lost lease itself.
-    finishing: bool = False
-
-
 class Worker:
     """One ``pgtasks worker`` process."""
 
-    #: How many of its last finished claims (id, attempt) a worker remembers: a claim's rows
-    #: can be read twice, by the claim and by an adoption after the listener reconnected, and
-    #: the first start may have finished before the second read is handled.
-    DONE_KEPT = 4096
     #: How long a park lasts at least (database clock; three polls where polls are slower). An
     #: idle worker parks again after a third of it.
     PARK_SECONDS = 5.0
     #: Seconds a starting worker waits for its listener to listen before it first claims.
     LISTEN_FIRST_WAIT = 2.0
-    #: The most rows a slot's adaptive prefetch holds, however short the tasks: a claim of a
-    #: few hundred rows costs the database far less per row than one of a hundred (the claim
-    #: statement's fixed part), and a misjudged run time holds back no more than this. A
-    #: worker of fewer than four slots may hold up to PREFETCH_PER_WORKER rows in all.
-    PREFETCH_PER_SLOT = 250
-    PREFETCH_PER_WORKER = 1000
-    #: How far the prefetch window grows while claims come back full (a backlog): up to this
-    #: many times prefetch_window, doubling with each full claim, back to one at the first
-    #: claim that finds fewer rows than it asked for.
-    PREFETCH_GROWTH = 4
-    #: How many recent run times the prefetch is sized by (their median; see _runtime).
-    RUNTIME_SAMPLES = 32
 
     def __init__(
         self,
@@ -154,10 +124,8 @@ class Worker:
         # claimed many per statement while long ones are never hoarded.
         self.fixed_prefetch = multiplier > 1
         self.prefetch_extra = self.concurrency * max(0, multiplier - 1)
-        self.prefetch_window = s.prefetch_window
-        self._prefetch_growth = 1
-        self._runtime_ewma: float | None = None
-        self._runtimes: deque[float] = deque(maxlen=self.RUNTIME_SAMPLES)
+        #: Sizes the adaptive buffer from the run times of the calls that ended.
+        self.prefetch = AdaptivePrefetch(self.concurrency, s.prefetch_window)
         # Registered tasks with a rate limit (see _rate_intervals), for a registry of that size.
         self._rates: tuple[int, dict[str, float]] | None = None
         # How many due rows the next claim reads (0: as many as it claims); see _claim.
@@ -165,14 +133,14 @@ class Worker:
         self._buffer: deque[ex.Job] = deque()
         self.log = log.bind(worker_id=self.id)
         self._read_levels()
-        self._inflight: dict[str, InFlight] = {}
-        # Claims that finished here lately, each never to be started again (see DONE_KEPT).
-        self._over: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._inflight = InFlightBook()
         self._backpressure = False
         self._claim_conn: psycopg.Connection[Any] | None = None
         # The claim connection is the loop's, and the listener's for the rows a hand-off names.
         self._claim_lock = threading.Lock()
-        self._floors = Floors()
+        #: Where claims start in each priority band once full claims are slow (see
+        #: pgtasks.worker.floors); its gate says when.
+        self.floors = Floors()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -312,6 +280,12 @@ class Worker:
         self._debug = log_enabled(self.log, logging.DEBUG)
         self._levels = (self._debug, log_enabled(self.log, logging.INFO))
 
+    def held(self) -> list[str]:
+        """The ids of the tasks this worker holds a claim of, from the claim until the claim's
+        final state is written (running, waiting for a slot, or being written)."""
+        with self._lock:
+            return list(self._inflight)
+
     def stop(self, cold: bool = False) -> None:
         """Stop claiming; finish what runs (warm) or stop now (cold)."""
         if cold:
@@ -368,7 +342,7 @@ class Worker:
         while not self._stopping.is_set():
             self._start_buffered()
             if not self.fixed_prefetch:
-                self.prefetch_extra = self._adaptive_prefetch()
+                self.prefetch_extra = self.prefetch.rows()
             want = self.pool.free_slots() + self.prefetch_extra - len(self._buffer)
             backlog = self._backlog()
             if backlog and backlog > self.prefetch_extra // 2 and not blocked:
@@ -392,7 +366,7 @@ class Worker:
                 claimed, taken = self._claim(want)
                 blocked = taken > len(claimed)
                 backoff = 0.1
-                self._claimed(want, taken)
+                self.prefetch.claimed(want, taken)
             except psycopg.OperationalError as exc:
                 self.log.warning(
                     "worker.db_unavailable",
@@ -457,7 +431,7 @@ class Worker:
         """Claim up to ``want`` rows, on the worker's claim connection where there is one
         (see Broker.claim_connection); with how many the claim took, blocked ones included."""
         broker = self.app.broker
-        floors = self._floors
+        floors = self.floors
         plan = floors.plan(self.queues)
         rates = self._rate_intervals()
         with self._claiming() as conn:
@@ -594,7 +568,7 @@ class Worker:
         there."""
         run: RunHere | None = None
         with self._lock:
-            rows = [row for row in rows if not self._seen(row)]
+            rows = [row for row in rows if not self._inflight.seen(row.id, row.attempt)]
         jobs: list[ex.Job] = []
         for row in self._well_formed(rows):
             if self._debug:
@@ -654,7 +628,7 @@ class Worker:
     def _probe_floors(self) -> None:
         """While claims start from floors, look for due rows behind them now and then (see
         pgtasks.worker.floors); on the maintenance thread, off the claim path."""
-        floors = self._floors
+        floors = self.floors
         plan = floors.probe_plan(self.queues, time.monotonic())
         if plan is None:
             return
@@ -686,9 +660,8 @@ class Worker:
     def _dead_letter_unread(self, row: ClaimedTask, reason: str, error: str) -> None:
         """Dead-letter a claimed row that will not be decoded (see _well_formed)."""
         with self._lock:
-            if self._seen(row):
+            if self._inflight.add(row) is None:
                 return  # found twice (see _accept): settled as the first time
-            self._inflight[row.id] = InFlight(row)
         TaskLog(self.log, row, self._levels).error("task.dead_lettered", reason=reason, error=error)
         self.metrics.dead_lettered(row.name, row.queue, reason)
         self._settle(self._failure(row, Status.DEAD, error))
@@ -722,44 +695,6 @@ class Worker:
         limit = task.rate_limit if task.rate_limit is not None else self.settings.default_rate_limit
         return ratelimits.interval(limit)
 
-    def _runtime(self) -> float | None:
-        """A task's run time, as the prefetch is sized by: the median of the last
-        RUNTIME_SAMPLES, so that the few calls a hundred that wait milliseconds for a core or a
-        reply leave it as it is (through their average, each such call shrank the prefetch,
-        and the claim that refills it came too late to keep the slots busy); but never less
-        than a quarter of the running average, so that one long call shrinks it at once, and
-        where a few tasks in many run long, the rows held ahead never add up to more than
-        about four windows of work at their average run time."""
-        ewma = self._runtime_ewma
-        samples = self._runtimes
-        if ewma is None or not samples:
-            return ewma
-        median = sorted(samples)[len(samples) // 2]
-        return max(median, ewma / 4)
-
-    def _adaptive_prefetch(self) -> int:
-        """Rows to hold beyond the free slots: about prefetch_window seconds of work (up to
-        PREFETCH_GROWTH times that through a backlog, see _claimed)."""
-        runtime = self._runtime()
-        if runtime is None or self.prefetch_window <= 0:
-            return 0
-        window = self.prefetch_window * self._prefetch_growth
-        per_slot = int(window / max(runtime, 1e-4))
-        bound = max(self.PREFETCH_PER_WORKER, self.concurrency * self.PREFETCH_PER_SLOT)
-        return min(self.concurrency * per_slot, bound)
-
-    def _claimed(self, want: int, taken: int) -> None:
-        """Size the next prefetch by what this claim found. A claim that got every row it
-        asked for leaves more due behind it: through such a backlog the window doubles, up to
-        PREFETCH_GROWTH times prefetch_window, so that each claim statement (whose fixed part
-        the database pays per statement) serves several times more rows. The first claim that
-        finds fewer brings it back, so a burst of a few tasks spreads over the workers that
-        wait for it instead of going to the first one to claim."""
-        if taken >= want:
-            self._prefetch_growth = min(self._prefetch_growth * 2, self.PREFETCH_GROWTH)
-        else:
-            self._prefetch_growth = 1
-
     def _start_buffered(self) -> None:
         """Hand every claimed job to the pool, which starts each as a slot frees up."""
         if self._buffer:
@@ -785,9 +720,7 @@ class Worker:
         if entry is not None and entry.task.attempt == job.attempt:
             if entry.lost:
                 with self._lock:
-                    if self._inflight.get(job.id) is entry:
-                        del self._inflight[job.id]
-                    self._finished(job.id, job.attempt)
+                    self._inflight.finished(job.id, job.attempt)
                 self.log.warning(
                     "task.skipped",
                     task_id=job.id,
@@ -839,11 +772,10 @@ class Worker:
         """The job to run for a claimed row, or None when the row was settled at once or this
         very claim is running already."""
         with self._lock:
-            if self._seen(row):
+            if self._inflight.add(row) is None:
                 # Found twice: a claim's rows can be read by an adoption (after the listener
                 # reconnected) before the claim's own result is back, or the other way round.
                 return None
-            self._inflight[row.id] = InFlight(row)
         tlog = TaskLog(self.log, row, self._levels)
         tlog.debug("task.claimed")
         self.metrics.claimed(row.name, row.queue)
@@ -950,13 +882,9 @@ class Worker:
 
     def _done(self, o: ex.Outcome) -> None:
         """Called by the pool when a task finished: queue its final state."""
-        previous = self._runtime_ewma
-        self._runtime_ewma = o.runtime if previous is None else previous * 0.9 + o.runtime * 0.1
-        self._runtimes.append(o.runtime)
+        self.prefetch.ran(o.runtime)
         with self._lock:
-            entry = self._claim_of(o.id, o.attempt)
-            if entry is not None:
-                entry.finishing = True
+            entry = self._inflight.finishing(o.id, o.attempt)
         if self._backlog() <= self.prefetch_extra // 2:
             # The prefetched jobs are running low: wake the loop to claim more. Until then the
             # pool goes on with its queued jobs without it.
@@ -1115,9 +1043,7 @@ class Worker:
     def _settle(self, final: Final) -> None:
         """Queue the final write of a claimed row that will not run (or ran)."""
         with self._lock:
-            entry = self._claim_of(final.id, final.attempt)
-            if entry is not None:
-                entry.finishing = True
+            self._inflight.finishing(final.id, final.attempt)
         self.completer.put(final)
 
     def _failure(self, row: ClaimedTask, status: str, error: str) -> Failure:
@@ -1140,10 +1066,7 @@ class Worker:
     def _written(self, item: Final, status: str | None) -> None:
         """Called by the completer after the fenced write."""
         with self._lock:
-            entry = self._claim_of(item.id, item.attempt)
-            if entry is not None:
-                del self._inflight[item.id]
-            self._finished(item.id, item.attempt)
+            entry = self._inflight.finished(item.id, item.attempt)
             self.processed += 1
         if self._backpressure:
             self._wake.set()
@@ -1160,29 +1083,6 @@ class Worker:
             task_signals.revoked(
                 self.app, entry.task, self.id, expired=entry.task.expired, signum=entry.terminated
             )
-
-    def _seen(self, row: ClaimedTask) -> bool:
-        """Whether this very claim of ``row`` runs here or has finished here lately (call
-        with the lock held)."""
-        return (
-            self._claim_of(row.id, row.attempt) is not None or (row.id, row.attempt) in self._over
-        )
-
-    def _finished(self, task_id: str, attempt: int) -> None:
-        """Remember that this claim is over here (call with the lock held)."""
-        self._over[(task_id, attempt)] = None
-        if len(self._over) > self.DONE_KEPT:
-            self._over.popitem(last=False)
-
-    def _claim_of(self, task_id: str, attempt: int) -> InFlight | None:
-        """The in-flight entry of that very claim (call with the lock held). A row can be
-        claimed again by this worker as soon as an outcome of it is committed (a retry due at
-        once), before the completer has reported that write, or after its lease was lost: an
-        older claim's outcome must neither finish nor remove the newer claim's entry."""
-        entry = self._inflight.get(task_id)
-        if entry is None or entry.task.attempt != attempt:
-            return None
-        return entry
 
     # -- leases --------------------------------------------------------------------------------
 

@@ -23,6 +23,15 @@ def started(db: psycopg.Connection[Any], task_id: str) -> bool:
     return status(db, task_id) == "RUNNING"
 
 
+def heard(logs: list[dict[str, Any]], task_id: str) -> list[str]:
+    """How the worker heard that ``task_id`` was revoked while it ran (once: by the first)."""
+    return [
+        e["via"]
+        for e in list(logs)
+        if e["event"] == "task.cancel_requested" and e.get("task_id") == task_id
+    ]
+
+
 def test_a_running_task_sees_its_revoke_and_ends_revoked(
     app: Celery, db: psycopg.Connection[Any], worker_factory: Any
 ) -> None:
@@ -44,11 +53,9 @@ def test_a_running_task_sees_its_revoke_and_ends_revoked(
         result.revoke()
         assert seen.wait(10)
         wait_until(lambda: status(db, result.id) == "CANCELLED", what="the task to end")
-        # The worker heard of it from the notification, long before a renewal; it forgets the
-        # task once the outcome's write has returned, a moment after the row changed.
-        wait_until(
-            lambda: worker._inflight.get(result.id) is None, timeout=5, what="the worker to let go"
-        )
+        # The worker heard of it from the notification, long before a renewal; it lets the
+        # task go once the outcome's write has returned, a moment after the row changed.
+        wait_until(lambda: worker.held() == [], timeout=5, what="the worker to let go")
     assert result.state == "REVOKED"
     row = one(db, "SELECT error FROM tasks WHERE id = %s", (result.id,))
     assert row["error"].startswith("revoked while running by ")
@@ -67,12 +74,13 @@ def test_the_worker_learns_of_a_revoke_by_notify_within_a_second(
     def wait() -> None:
         release.wait(30)
 
-    with worker_factory(lease=LONG_LEASE) as worker:
+    with capture_logs() as logs, worker_factory(lease=LONG_LEASE):
         result = wait.delay()
-        wait_until(lambda: result.id in worker._inflight, what="the task to start")
-        entry = worker._inflight[result.id]
+        wait_until(lambda: started(db, result.id), what="the task to start")
         result.revoke()
-        wait_until(lambda: entry.cancel_requested, timeout=5, what="the worker to hear of it")
+        wait_until(
+            lambda: heard(logs, result.id) == ["notify"], timeout=5, what="the worker to hear of it"
+        )
         release.set()
         wait_until(lambda: status(db, result.id) == "CANCELLED", what="the task to end")
     assert result.state == "REVOKED"
@@ -87,12 +95,14 @@ def test_a_lost_notification_is_made_up_by_the_next_renewal(
     def wait() -> None:
         release.wait(30)
 
-    with worker_factory(listen=False) as worker:  # no LISTEN: renewals only (lease 2 s)
+    # No LISTEN: renewals only (lease 2 s).
+    with capture_logs() as logs, worker_factory(listen=False):
         result = wait.delay()
-        wait_until(lambda: result.id in worker._inflight, what="the task to start")
-        entry = worker._inflight[result.id]
+        wait_until(lambda: started(db, result.id), what="the task to start")
         result.revoke()
-        wait_until(lambda: entry.cancel_requested, timeout=10, what="a renewal to report it")
+        wait_until(
+            lambda: heard(logs, result.id) == ["renewal"], timeout=10, what="a renewal to report it"
+        )
         release.set()
         wait_until(lambda: status(db, result.id) == "CANCELLED", what="the task to end")
 
@@ -216,21 +226,19 @@ def test_calls_after_a_terminated_one_in_its_asyncio_slot_start_with_no_cancella
 def test_a_terminate_that_arrives_after_its_call_ended_leaves_the_next_call_alone() -> None:
     import asyncio
 
-    from pgtasks import task as task_module
+    from pgtasks.task import running_on_loop, terminate_coroutine
 
     async def two_calls() -> list[str]:
-        current = asyncio.current_task()
-        assert current is not None
         seen: list[str] = []
-        with task_module.running_on_loop("call-a", None):
-            await asyncio.sleep(0)
-        # The same asyncio task goes on to the next call; a terminate meant for the first
-        # reaches the loop only now.
-        with task_module.running_on_loop("call-b", None):
-            task_module._cancel_if_running("call-a", current)
+        with running_on_loop("call-a", None):
+            # Sent as from another thread: it reaches the loop once this asyncio task awaits,
+            # which it does only after the call ended.
+            assert terminate_coroutine("call-a")
+        # The same asyncio task goes on to the next call, which the terminate must not reach.
+        with running_on_loop("call-b", None):
             await asyncio.sleep(0.01)
             seen.append("b ran to its end")
-            task_module._cancel_if_running("call-b", current)
+            assert terminate_coroutine("call-b")
             try:
                 await asyncio.sleep(5)
             except asyncio.CancelledError:

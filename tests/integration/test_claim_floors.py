@@ -359,10 +359,10 @@ def test_a_worker_on_floors_runs_every_task(app: Celery, worker_factory: Any) ->
 
     with worker_factory(concurrency=2) as w:
         # Floors from the next claim on, and a look behind them at every maintenance pass.
-        w._floors.gate = Gate(slow=0.0, min_full_every=0.0, cost_factor=0.0)
+        w.floors.gate = Gate(slow=0.0, min_full_every=0.0, cost_factor=0.0)
         results = [mark.apply_async((i,), priority=i % 3) for i in range(60)]
         results.append(mark.apply_async((99,), eta=datetime.now(timezone.utc) - timedelta(hours=1)))
-        wait_until(lambda: w._floors.active, timeout=10, what="claims from floors")
+        wait_until(lambda: w.floors.active, timeout=10, what="claims from floors")
         assert [r.get(timeout=15) for r in results] == [*range(60), 99]
 
 
@@ -399,10 +399,10 @@ def test_a_worker_on_floors_runs_a_row_due_at_minus_infinity(
         return i
 
     with worker_factory(concurrency=2) as w:
-        w._floors.gate = Gate(slow=0.0, min_full_every=0.0, cost_factor=0.0)
+        w.floors.gate = Gate(slow=0.0, min_full_every=0.0, cost_factor=0.0)
         first = [mark.delay(i) for i in range(5)]
         assert [r.get(timeout=15) for r in first] == list(range(5))
-        assert w._floors.active
+        assert w.floors.active
         odd = mark.apply_async((99,), countdown=3600)
         db.execute("UPDATE tasks SET run_at = '-infinity' WHERE id = %s", (odd.id,))
         later = [mark.delay(i) for i in range(5, 10)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -12,10 +13,9 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
-from psycopg.rows import args_row
 
 from pgtasks import Celery
-from pgtasks.broker import _KEPT, _KEPT_MAX, Broker, Success
+from pgtasks.broker import Broker, Success
 from pgtasks.worker import Worker
 from tests.apps import coord
 from tests.apps.harness import (
@@ -238,19 +238,42 @@ def test_worker_leaves_a_countdown_task_until_it_is_due(
     assert ran == ["now", "later"]
 
 
+def own_connections(broker: Broker) -> dict[str, list[psycopg.Connection[Any]]]:
+    """The connections ``broker`` opens for a worker's claims and outcomes from now on."""
+    opened: dict[str, list[psycopg.Connection[Any]]] = {"claims": [], "outcomes": []}
+    for kind, name in (("claims", "claim_connection"), ("outcomes", "completion_connection")):
+        make = getattr(broker, name)
+
+        def spy(make: Any = make, kind: str = kind) -> psycopg.Connection[Any]:
+            conn = make()
+            opened[kind].append(conn)
+            return conn
+
+        setattr(broker, name, spy)
+    return opened
+
+
+def used(db: psycopg.Connection[Any], conn: psycopg.Connection[Any]) -> bool:
+    """Whether the session of ``conn`` has run a statement (as the server sees it)."""
+    found = db.execute(
+        "SELECT query <> '' FROM pg_stat_activity WHERE pid = %s", (conn.info.backend_pid,)
+    ).fetchone()
+    return bool(found and found[0])
+
+
 def test_claims_commit_asynchronously_on_the_worker_claim_connection(
-    app: Celery, worker_factory: WorkerFactory
+    app: Celery, db: psycopg.Connection[Any], worker_factory: WorkerFactory
 ) -> None:
     @app.task(name="claims.ping")
     def ping() -> str:
         return "pong"
 
-    with worker_factory(pool="threads", concurrency=1) as worker:
+    opened = own_connections(app.broker)
+    with worker_factory(pool="threads", concurrency=1):
         assert ping.delay().get(timeout=10) == "pong"
-        conn = worker._claim_conn
-        outcomes = worker.completer._conn
-        assert conn is not None and not conn.closed
-        assert outcomes is not None and not outcomes.closed
+        [conn], [outcomes] = opened["claims"], opened["outcomes"]
+        assert not conn.closed and not outcomes.closed
+        assert used(db, conn) and used(db, outcomes)
         # Claims only: outcomes (on the completer's connection) and the pool's connections
         # (renewals) keep durable commits.
         assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
@@ -267,7 +290,17 @@ def test_claims_commit_asynchronously_on_the_worker_claim_connection(
     assert conn.closed and outcomes.closed  # closed with the worker
 
 
-def test_claims_reuse_one_cursor_however_many_there_are(
+def cursors_of(conn: psycopg.Connection[Any]) -> int:
+    """How many cursors of ``conn`` are alive."""
+    gc.collect()
+    return sum(
+        1
+        for o in gc.get_objects()
+        if isinstance(o, psycopg.Cursor) and not o.closed and o.connection is conn
+    )
+
+
+def test_claims_reuse_a_few_cursors_however_many_there_are(
     app: Celery, worker_factory: WorkerFactory
 ) -> None:
     """A worker's claim connection lives as long as the worker and keeps a cursor per kind of
@@ -278,22 +311,17 @@ def test_claims_reuse_one_cursor_however_many_there_are(
     def echo(value: int) -> int:
         return value
 
-    with worker_factory(pool="threads", concurrency=1) as worker:
+    opened = own_connections(app.broker)
+    with worker_factory(pool="threads", concurrency=1):
+        counts = []
         for round in range(6):
             # In bulk, so that they are claimed rather than handed to the idle worker.
             results = echo.apply_many([(round * 3 + i,) for i in range(3)])
             assert [r.get(timeout=10) for r in results] == [round * 3 + i for i in range(3)]
-        kept = getattr(worker._claim_conn, _KEPT)
-        assert 1 <= len(kept) <= 3
-
-
-def test_a_connection_keeps_a_few_cursors_at_most(app: Celery) -> None:
-    """A row factory made for each statement gets a cursor for that statement only."""
-    with app.broker.connection() as conn:
-        for _ in range(20):
-            factory = args_row(lambda now: now)
-            assert len(app.broker._all("transaction_time", {}, conn, row_factory=factory)) == 1
-        assert len(getattr(conn, _KEPT)) == _KEPT_MAX
+            [conn] = opened["claims"]
+            counts.append(cursors_of(conn))
+        assert 1 <= counts[0] <= 3
+        assert counts[-1] == counts[0], counts
 
 
 def test_plans_made_on_an_empty_table_still_find_rows_by_index_when_it_grows(
@@ -390,10 +418,11 @@ def test_claims_use_the_pool_without_prepared_statements(
     def ping() -> str:
         return "pong"
 
-    with worker_factory(pool="threads", concurrency=1) as worker:
+    opened = own_connections(app.broker)
+    with worker_factory(pool="threads", concurrency=1):
         assert ping.delay().get(timeout=10) == "pong"
-        assert worker._claim_conn is None
-        assert worker.completer._conn is None
+    # A session's settings would not outlive a transaction behind PgBouncer.
+    assert opened == {"claims": [], "outcomes": []}
 
 
 def test_a_claim_keeps_each_row_on_its_page(app: Celery, db: psycopg.Connection[Any]) -> None:

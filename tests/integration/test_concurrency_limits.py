@@ -5,18 +5,19 @@ other task, and move on when a running task of their key ends, however it ends."
 from __future__ import annotations
 
 import itertools
+import tempfile
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
-from psycopg import sql
+from psycopg import pq, sql
 from psycopg.types.json import Jsonb
 
 from pgtasks import Celery
-from pgtasks.broker import Failure, Release, RetryAt, Success
+from pgtasks.broker import Broker, Failure, Release, RetryAt, Success
 from pgtasks.exceptions import ImproperlyConfigured
 from pgtasks.maintenance import Reclaimer
 from pgtasks.worker import Worker
@@ -35,6 +36,7 @@ from tests.apps.harness import (
 )
 
 WorkerFactory = Callable[..., AbstractContextManager[Worker]]
+_T = TypeVar("_T")
 
 
 def running(db: psycopg.Connection[Any], key: str) -> int | None:
@@ -220,39 +222,72 @@ def test_a_claim_starts_what_has_room_blocks_the_rest_and_takes_unlimited_rows_t
     assert running(db, KEY_1) == 1
 
 
+def counted(conn: psycopg.Connection[Any], call: Callable[[], _T]) -> tuple[_T, int]:
+    """What ``call`` returns, and how many statements it ran on ``conn`` (read from libpq's
+    trace of the messages sent)."""
+    with tempfile.TemporaryFile() as trace:
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            result = call()
+        finally:
+            conn.pgconn.untrace()
+        trace.seek(0)
+        sent = [line.split(b"\t") for line in trace.read().splitlines()]
+    return result, sum(
+        1 for m in sent if m[0] == b"F" and m[2].split()[0] in (b"Execute", b"Query")
+    )
+
+
 def test_claims_skip_deciding_limits_until_a_limited_row_is_due(
-    app: Celery, db: Any, sync: Any, plain: Any
+    app: Celery, db: Any, sync: Any, plain: Any, pg_dsn: str
 ) -> None:
-    """Claims that meet no row under a limit run without the parts that decide limits; the
-    first one that picks such a row starts nothing and hands over to the claim that decides,
-    which then takes the same rows in the same order, limits decided."""
+    """Claims that meet no row under a limit run one statement, without the parts that decide
+    limits; the first one that picks such a row starts nothing and hands over to the claim that
+    decides (a second statement), which then takes the same rows in the same order, limits
+    decided. For a while after, claims decide limits at once (one statement)."""
     broker = app.broker
     free = [plain.apply_async((n,), priority=5).id for n in range(3)]
     limited = [sync.delay(1, n).id for n in range(3)]
     after = [plain.delay(n).id for n in range(2)]
-    params = {"worker": "w1", "scan": 4, "lease": 30.0, "queues": ["celery"]}
-    # Four rows picked, one of them limited: the plain claim starts none, and says why.
-    [found] = broker._all("claim_plain", params)
-    assert found["set_aside"] == "LIMITED"
-    assert {v for k, v in found.items() if k != "set_aside"} == {None}
-    assert statuses(db, free + limited + after) == ["PENDING"] * 8
-    assert {task_row(db, i)["attempt"] for i in free + limited + after} == {0}
-    # Three picked, none limited: started as claim_batch would.
-    claimed = broker.claim("w1", ["celery"], 3, 30.0)
-    assert [c.id for c in claimed] == free
-    assert [c.attempt for c in claimed] == [1, 1, 1]
-    assert statuses(db, free) == ["RUNNING"] * 3
-    assert {task_row(db, i)["claimed_by"] for i in free} == {"w1"}
-    assert broker._limits_until == 0.0
-    # The next claim picks limited rows: the limit is decided, in claim order.
-    claimed, taken = broker.claim_counting("w2", ["celery"], 5, 30.0)
-    assert [c.id for c in claimed] == [limited[0], *after] and taken == 5
-    assert statuses(db, limited) == ["RUNNING", "BLOCKED", "BLOCKED"]
-    assert running(db, KEY_1) == 1
-    # Claims go on deciding limits for a while, then try the plain claim again.
-    assert broker._limits_until > time.monotonic()
-    broker._limits_until = 0.0
-    assert broker.claim("w2", ["celery"], 4, 30.0) == []
+    conn = broker.claim_connection()
+    try:
+        # Three picked, none limited: one statement.
+        claimed, sent = counted(conn, lambda: broker.claim("w1", ["celery"], 3, 30.0, conn))
+        assert [c.id for c in claimed] == free and sent == 1
+        assert [c.attempt for c in claimed] == [1, 1, 1]
+        assert statuses(db, free) == ["RUNNING"] * 3
+        assert {task_row(db, i)["claimed_by"] for i in free} == {"w1"}
+        assert statuses(db, limited + after) == ["PENDING"] * 5
+        # The next claim picks limited rows: the limit is decided, in claim order, by a second
+        # statement (the first started nothing: every row is claimed once, attempt 1).
+        (claimed, taken), sent = counted(
+            conn, lambda: broker.claim_counting("w2", ["celery"], 5, 30.0, conn)
+        )
+        assert [c.id for c in claimed] == [limited[0], *after] and taken == 5
+        assert sent == 2
+        assert statuses(db, limited) == ["RUNNING", "BLOCKED", "BLOCKED"]
+        assert {task_row(db, i)["attempt"] for i in [limited[0], *after]} == {1}
+        assert running(db, KEY_1) == 1
+        # Claims go on deciding limits for a while: one statement for a limited row.
+        more = sync.delay(1, 9).id
+        claimed, sent = counted(conn, lambda: broker.claim("w2", ["celery"], 4, 30.0, conn))
+        assert claimed == [] and sent == 1
+        assert statuses(db, [more]) == ["BLOCKED"]
+    finally:
+        conn.close()
+    # Once that while is over, claims try the plain claim first again.
+    other = Broker(pg_dsn, app.broker.schema)
+    other.LIMITS_PAUSE = 0.0
+    conn = other.claim_connection()
+    try:
+        for customer in (2, 3):
+            due = sync.delay(customer, 0).id
+            claimed, sent = counted(conn, lambda: other.claim("w3", ["celery"], 4, 30.0, conn))
+            assert [c.id for c in claimed] == [due] and sent == 2
+    finally:
+        conn.close()
+        other.close()
 
 
 def test_a_full_keys_backlog_leaves_the_claim_index_in_one_claim(

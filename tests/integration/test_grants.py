@@ -100,11 +100,18 @@ def test_a_producer_enqueues_and_reads_but_nothing_more(
         assert sent.state == "PENDING"
         # COPY is refused where row-level security applies: the rows go by INSERT.
         assert len(build.apply_many([((i,), {}) for i in range(4)])) == 4
-        assert app.broker._copy_ok is False
-        with app.broker.connection() as conn, conn.transaction():
-            app.broker._copy_ok = None  # in a transaction it asks before it tries
-            assert len(build.apply_many([((4,), {})], connection=conn)) == 1
-        assert app.broker._copy_ok is False
+        assert app.broker.copy_refused()
+        # In a caller's transaction (which a refused COPY would abort) it asks before it
+        # tries: so does a process that has not tried yet.
+        fresh = roles.app(roles.producer)
+        try:
+            assert not fresh.broker.copy_refused()
+            with fresh.broker.connection() as conn, conn.transaction():
+                sent_in = fresh.tasks["reports.build"].apply_many([((4,), {})], connection=conn)
+                assert len(sent_in) == 1
+            assert fresh.broker.copy_refused()
+        finally:
+            fresh.close()
         # Only its queues and task names.
         with pytest.raises(NotPermitted, match="pgtasks grants"):
             app.tasks["billing.charge"].delay(1)

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from structlog.testing import capture_logs
 
 from pgtasks import Celery
 from pgtasks.broker import Broker, Failure, Release, RetryAt, Success
@@ -413,7 +414,7 @@ def test_a_prefetched_task_whose_lease_was_lost_is_not_started(
     # worker, claimed.
     first = queued.apply_async(("first",), priority=9)
     second = queued.apply_async(("second",))
-    with worker_factory(concurrency=1, prefetch_multiplier=2) as worker:
+    with capture_logs() as logs, worker_factory(concurrency=1, prefetch_multiplier=2) as worker:
         wait_until(lambda: ran == ["first"], what="the first task to start")
         wait_until(lambda: status(db, second.id) == "RUNNING", what="the second to be claimed")
         # Its lease runs out meanwhile and another worker takes it.
@@ -423,12 +424,12 @@ def test_a_prefetched_task_whose_lease_was_lost_is_not_started(
         [thief] = app.broker.claim("thief", ["celery"], 1, 30.0)
         assert (thief.id, thief.attempt) == (second.id, 2)
         wait_until(
-            lambda: any(e.lost for e in list(worker._inflight.values())),
+            lambda: [e["task_id"] for e in list(logs) if e["event"] == "lease.lost"] == [second.id],
             what="the worker's renewal to find the lease lost",
         )
         gate.set()
         assert first.get(timeout=10) is None
-        wait_until(lambda: not worker._inflight, what="the worker to drop the lost claim")
+        wait_until(lambda: worker.held() == [], what="the worker to drop the lost claim")
         assert ran == ["first"]
     row = task_row(db, second.id)
     assert (row["status"], row["claimed_by"], row["attempt"]) == ("RUNNING", "thief", 2)

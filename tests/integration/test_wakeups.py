@@ -5,6 +5,7 @@ enqueue that looked for a waiting worker as one parked still reaches it."""
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -92,35 +93,52 @@ def test_a_park_waits_for_an_enqueue_that_found_no_worker_waiting(
     def anything() -> None:
         pass
 
-    msg = anything.build_message()
-    with psycopg.connect(pg_dsn) as producer:
-        # A single enqueue's own statement, its commit held back.
-        producer.execute(app.broker.q["insert_task_handoff"], app.broker._params(msg))
-        parked = threading.Event()
+    # Every insert into tasks waits, its row written but not committed, until this session
+    # lets go of a lock: a single enqueue's commit held back.
+    key = random.randrange(2**40)
+    db.execute(
+        sql.SQL(
+            "CREATE FUNCTION hold() RETURNS trigger LANGUAGE plpgsql AS $$"
+            " BEGIN PERFORM pg_advisory_xact_lock_shared({key}); RETURN NULL; END $$;"
+            " CREATE TRIGGER hold AFTER INSERT ON tasks FOR EACH ROW EXECUTE FUNCTION hold()"
+        ).format(key=sql.Literal(key))
+    )
+    db.execute("SELECT pg_advisory_lock(%s)", (key,))
+    sent: list[str] = []
+    enqueue = threading.Thread(target=lambda: sent.append(anything.delay().id))
+    enqueue.start()
+    held = (
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        f" AND (classid::bigint << 32 | objid::bigint) = {key}"
+    )
+    wait_until(lambda: rows(db, held), what="the enqueue to wait before its commit")
+    parked = threading.Event()
 
-        def park() -> None:
-            wait_for(app)
-            parked.set()
+    def park() -> None:
+        wait_for(app)
+        parked.set()
 
-        thread = threading.Thread(target=park)
-        thread.start()
-        wait_until(
-            lambda: rows(
-                db,
-                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND wait_event = 'advisory' AND query LIKE '%%parked_workers%%'",
-            ),
-            what="the park to wait for the enqueue",
-        )
-        assert not parked.is_set()
-        producer.commit()
-        thread.join(timeout=10)
+    thread = threading.Thread(target=park)
+    thread.start()
+    wait_until(
+        lambda: rows(
+            db,
+            "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND wait_event = 'advisory' AND query LIKE '%%parked_workers%%'"
+            f" AND pid NOT IN ({held})",
+        ),
+        what="the park to wait for the enqueue",
+    )
+    assert not parked.is_set()
+    db.execute("SELECT pg_advisory_unlock(%s)", (key,))
+    enqueue.join(timeout=10)
+    thread.join(timeout=10)
     assert parked.is_set()
     # The enqueue found no one waiting and sent nothing, and it committed first: the claim
     # after the park finds its row.
     assert wakeups(woken) == []
     claimed = app.broker.claim_all("ghost", ["celery"], 10, 30.0)
-    assert [row.id for row in claimed] == [msg.id]
+    assert [row.id for row in claimed] == sent
 
 
 def test_a_worker_that_takes_no_hand_offs_is_woken_by_a_delay(

@@ -9,107 +9,129 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from pgtasks import bench
+from pgtasks import Celery, bench
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
 
-BUSY = (
+#: A process that, told to on its stdin, has a child of its own spend 0.2 s of CPU, says so,
+#: and waits for its stdin to close: a worker whose pool does the work.
+CHILD = (
     "import sys, time\n"
+    "sys.stdin.readline()\n"
     "t = time.process_time()\n"
     "while time.process_time() - t < 0.2: pass\n"
     "print('busy', flush=True)\n"
     "sys.stdin.read()\n"
 )
+PARENT = (
+    "import subprocess, sys\n"
+    f"child = subprocess.Popen([sys.executable, '-c', {CHILD!r}], stdin=subprocess.PIPE,"
+    " stdout=subprocess.PIPE, text=True)\n"
+    "print('ready', flush=True)\n"
+    "sys.stdin.readline()\n"
+    "child.stdin.write('go\\n'); child.stdin.flush()\n"
+    "print(child.stdout.readline().strip(), flush=True)\n"
+    "sys.stdin.read()\n"
+    "child.stdin.close(); child.wait()\n"
+)
 
 
 @pytest.fixture
-def child() -> Iterator[subprocess.Popen[str]]:
-    """A child process that has spent 0.2 s of CPU, then waits for its stdin to close."""
+def meter_app(app: Celery, monkeypatch: pytest.MonkeyPatch) -> Celery:
+    """The bench's app, on the test database (where the cost meter reads WAL and the server's
+    processes)."""
+    monkeypatch.setattr(bench, "app", app)
+    return app
+
+
+@pytest.fixture
+def worker() -> Iterator[subprocess.Popen[str]]:
+    """A "worker" (see PARENT), idle and ready."""
     with subprocess.Popen(
-        [sys.executable, "-c", BUSY], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", PARENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     ) as proc:
-        assert proc.stdout is not None and proc.stdout.readline() == "busy\n"
-        # Leaving the block closes its stdin, ends it and waits for it.
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        # Leaving the block closes its stdin, ends it (and its child) and waits for it.
         yield proc
 
 
-def test_a_process_children_are_found(child: subprocess.Popen[str]) -> None:
-    found = bench._with_children([os.getpid()])
-    assert found[0] == os.getpid()
-    assert child.pid in found
+def workers(*procs: Any) -> bench.Workers:
+    return bench.Workers(procs=list(procs))
 
 
-def test_cpu_seconds_read_each_process(child: subprocess.Popen[str]) -> None:
-    seconds = bench._cpu_seconds([child.pid])
-    assert seconds[child.pid] >= 0.15
-    # A command filter leaves out the processes that do not run it, and gone ones are skipped.
-    assert bench._cpu_seconds([child.pid], "postgres") == {}
-    assert bench._cpu_seconds([2**22 + 1]) == {}
+def this_process() -> Any:
+    """This process, as a worker the meter reads."""
+    return SimpleNamespace(pid=os.getpid())
 
 
-def test_cpu_seconds_count_every_thread_finer_than_a_tick() -> None:
-    # This process spends CPU in a second thread; the reading counts it, and a few
-    # milliseconds of work show, where clock ticks move by hundredths of a second.
-    if bench._run_time(os.getpid()) is None:
-        pytest.skip("the kernel keeps no scheduler statistics")
+def test_the_cost_counts_the_cpu_of_the_workers_children(
+    meter_app: Celery, worker: subprocess.Popen[str]
+) -> None:
+    meter = bench.CostMeter.start(workers(worker))
+    assert worker.stdin is not None and worker.stdout is not None
+    worker.stdin.write("go\n")
+    worker.stdin.flush()
+    assert worker.stdout.readline() == "busy\n"
+    cost = meter.stop(1000)
+    # 0.2 s of CPU over 1,000 tasks: 200 ms a thousand, all but a little of it the child's.
+    spent = cost["worker_cpu_ms_per_1000_tasks"]
+    assert spent is not None and 150 <= spent < 400, cost
+    assert cost["db_cpu_ms_per_1000_tasks"] is not None
+    assert cost["wal_bytes_per_task"] is not None
 
+
+def test_the_cost_counts_every_thread_and_never_goes_back_when_one_ends(
+    meter_app: Celery,
+) -> None:
+    # A thread of this process that the meter saw at its start ends before it stops: the
+    # kernel drops its statistics, and what it had used must not be taken back. Another
+    # thread spends CPU meanwhile, and counts.
     def spin(seconds: float) -> None:
         t = time.thread_time()
         while time.thread_time() - t < seconds:
             pass
 
-    spun = threading.Event()
-
-    def spin_then_more() -> None:
-        spin(0.06)
+    def work(seconds: float, spun: threading.Event, end: threading.Event) -> None:
+        spin(seconds)
         spun.set()
-        spin(0.2)
+        assert end.wait(30.0)
 
-    before = bench._cpu_seconds([os.getpid()])[os.getpid()]
-    worker = threading.Thread(target=spin_then_more)
-    worker.start()
-    # Read while the thread still runs, once it has used 0.06 s of CPU (however long a busy
-    # machine takes to give it that).
-    assert spun.wait(30.0)
-    during = bench._cpu_seconds([os.getpid()])[os.getpid()]
-    worker.join()
-    assert during - before >= 0.05
-    start = bench._cpu_seconds([os.getpid()])[os.getpid()]
-    spin(0.002)
-    assert 0.002 <= bench._cpu_seconds([os.getpid()])[os.getpid()] - start < 0.01
+    def started(seconds: float) -> tuple[threading.Thread, threading.Event]:
+        spun, end = threading.Event(), threading.Event()
+        thread = threading.Thread(target=work, args=(seconds, spun, end))
+        thread.start()
+        assert spun.wait(30.0)
+        return thread, end
 
-
-def test_cpu_seconds_never_go_back_when_a_thread_ends() -> None:
-    # The kernel drops an ended thread's statistics: its CPU must still count, or a reading
-    # taken after another test's threads ended comes out lower than one before.
-    if bench._run_time(os.getpid()) is None:
-        pytest.skip("the kernel keeps no scheduler statistics")
-    spun, done = threading.Event(), threading.Event()
-
-    def work() -> None:
-        t = time.thread_time()
-        while time.thread_time() - t < 0.05:
-            pass
-        spun.set()
-        done.wait(30.0)
-
-    worker = threading.Thread(target=work)
-    worker.start()
-    assert spun.wait(30.0)
-    during = bench._cpu_seconds([os.getpid()])[os.getpid()]
-    done.set()
-    worker.join()
-    assert bench._cpu_seconds([os.getpid()])[os.getpid()] >= during
+    ending, end_it = started(0.2)
+    meter = bench.CostMeter.start(workers(this_process()))
+    end_it.set()
+    ending.join()
+    other, end_other = started(0.06)
+    try:
+        spent = meter.stop(1000)["worker_cpu_ms_per_1000_tasks"]
+    finally:
+        end_other.set()
+        other.join()
+    assert spent is not None and spent >= 50, spent
 
 
-def test_per_1000_counts_new_processes_from_zero() -> None:
-    assert bench._per_1000({1: 1.0}, {1: 1.5, 2: 0.5}, 1000) == pytest.approx(1000.0)
-    assert bench._per_1000({1: 1.0}, {}, 1000) is None
-    assert bench._per_1000({1: 1.0}, {1: 2.0}, 0) is None
+def test_no_cost_is_given_for_no_tasks(meter_app: Celery) -> None:
+    meter = bench.CostMeter.start(workers(this_process()))
+    assert meter.stop(0) == {
+        "wal_bytes_per_task": None,
+        "db_cpu_ms_per_1000_tasks": None,
+        "worker_cpu_ms_per_1000_tasks": None,
+        "bench_cpu_ms_per_1000_tasks": None,
+    }
+    # Workers that are gone by the end: nothing read, no figure.
+    meter = bench.CostMeter.start(workers(SimpleNamespace(pid=2**22 + 1)))
+    assert meter.stop(1000)["worker_cpu_ms_per_1000_tasks"] is None
 
 
 def test_the_summary_shows_worker_and_server_cpu_where_measured() -> None:
@@ -269,3 +291,31 @@ def test_a_load_phase_names_the_maintenance_that_finished_during_it() -> None:
     assert bench._maintenance({"vacuums": 1, "checkpoints": 0}) == (
         "; 1 vacuum finished during it (by window in the report)"
     )
+
+
+def test_the_cost_is_read_finer_than_a_clock_tick(meter_app: Celery) -> None:
+    # Clock ticks move by hundredths of a second: a few milliseconds of work would read as
+    # none or as ten.
+    if not os.path.exists(f"/proc/{os.getpid()}/task/{threading.get_native_id()}/schedstat"):
+        pytest.skip("the kernel keeps no scheduler statistics")
+    spin = (
+        "import sys, time\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.readline()\n"
+        "t = time.thread_time()\n"
+        "while time.thread_time() - t < 0.002: pass\n"
+        "print('spun', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", spin], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        assert proc.stdout.readline() == "ready\n"
+        meter = bench.CostMeter.start(workers(proc))
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == "spun\n"
+        spent = meter.stop(1000)["worker_cpu_ms_per_1000_tasks"]
+    # 1,000 tasks: milliseconds a thousand are milliseconds (ticks would read 0, or about 10).
+    assert spent is not None and 2 <= spent < 8, spent

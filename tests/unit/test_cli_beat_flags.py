@@ -7,9 +7,12 @@ from typing import Any
 
 import click
 import pytest
+from click.testing import CliRunner
 
+from pgtasks import Celery
 from pgtasks.cli import beat as beat_cli
 from pgtasks.cli.main import cli
+from pgtasks.scheduler import Scheduler
 
 
 def parse(args: list[str]) -> dict[str, Any]:
@@ -118,7 +121,11 @@ def test_ignored_flags_stay_out_of_help() -> None:
     assert max(len(line) for line in text.splitlines()) <= 100
 
 
-def test_the_table_lines_up() -> None:
+#: The app ``beat --list`` below reads (-A): nothing connects, its listing is given.
+APP = Celery("beat-list", broker="postgresql://unused/none", set_as_current=False)
+
+
+def test_the_table_lines_up(monkeypatch: pytest.MonkeyPatch) -> None:
     from datetime import datetime, timezone
 
     rows = [
@@ -139,7 +146,11 @@ def test_the_table_lines_up() -> None:
             "missed": "skip",
         },
     ]
-    lines = beat_cli._table(rows).splitlines()
+    monkeypatch.setattr(Scheduler, "listing", lambda self: rows)
+    shown = CliRunner().invoke(cli, ["-A", f"{__name__}:APP", "beat", "--list"])
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert len(lines) == 3, lines
     assert lines[0].split() == [
         "NAME",
         "TASK",

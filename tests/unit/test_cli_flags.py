@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 
 from pgtasks.cli import commands, control
 from pgtasks.cli.main import cli
-from pgtasks.cli.worker_flags import CeleryWorkerFlags, _create_pidfile, node_format
+from pgtasks.cli.worker_flags import CeleryWorkerFlags, create_pidfile, node_format
 
 
 def parse(command: click.Command, args: list[str]) -> dict[str, Any]:
@@ -231,9 +231,9 @@ def test_pidfile_refuses_a_live_process_and_replaces_a_stale_one(tmp_path: Path)
     path = tmp_path / "w.pid"
     path.write_text(f"{os.getppid()}\n")
     with pytest.raises(click.ClickException, match="already exists"):
-        _create_pidfile(str(path))
+        create_pidfile(str(path))
     path.write_text("999999999\n")  # no such process
-    _create_pidfile(str(path))
+    create_pidfile(str(path))
     assert path.read_text().strip() == str(os.getpid())
 
 

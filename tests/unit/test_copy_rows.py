@@ -1,24 +1,23 @@
-"""``apply_many``'s rows built straight for COPY are the rows of the messages ``delay`` would
-make (``Broker.copy_row`` of them), whatever the arguments and options; where a call cannot be
-enqueued, the same error is raised."""
+"""``apply_many`` writes the rows ``apply_async`` would write for the same calls, whatever the
+arguments and options (many of them go straight to COPY without a message, the others through
+their messages); where a call cannot be enqueued, the same error is raised and nothing is
+written."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from psycopg import sql
+from psycopg.rows import dict_row
 
 from pgtasks import Celery
-from pgtasks.broker import copy_row
 from pgtasks.serialization import EncodeError
 from pgtasks.task import REPR_MAX, Task
-
-# Nothing here connects: an unroutable address makes any accidental query fail loudly.
-NOWHERE = "postgresql://nobody@127.0.0.1:1/nowhere"
 
 JSON_VALUES = st.recursive(
     st.none()
@@ -38,17 +37,22 @@ OPTIONS: list[dict[str, Any]] = [
     {"kwargsrepr": "{'k': '***'}", "serializer": "json"},
     {"shadow": "renamed", "retry": False},  # Celery options kept in the headers
 ]
-
-
-@pytest.fixture
-def app() -> Iterator[Celery]:
-    application = Celery("rows", broker=NOWHERE, set_as_current=False)
-    yield application
-    application.close()
+# Options relative to the database clock, or that settle something per call.
+OTHER_OPTIONS: list[dict[str, Any]] = [
+    {"countdown": 5},
+    {"expires": 60},
+    {"expires": timedelta(minutes=2)},
+    {"concurrency_key": "k", "concurrency_limit": 2},
+    {"serializer": "pickle"},
+    {"headers": {"argsrepr": "x"}},
+    {"queue": "fixed"},
+]
 
 
 @pytest.fixture
 def task(app: Celery) -> Task[Any, Any]:
+    app.conf.accept_content = ["json", "pickle"]
+
     @app.task(name="rows.echo", max_retries=4)
     def echo(*args: Any, **kwargs: Any) -> None:
         return None
@@ -56,7 +60,47 @@ def task(app: Celery) -> Task[Any, Any]:
     return echo
 
 
-# The task is only read: one for every example.
+#: Columns that differ between any two enqueues (times: see assert_same_row), and the payload,
+#: compared as its text.
+UNCOMPARED = ("id", "created_at", "updated_at", "run_at", "expires_at", "payload")
+
+
+def stored(db: psycopg.Connection[Any], task_id: str) -> dict[str, Any]:
+    """The row of ``task_id`` as the database keeps it: ``kept`` the columns that two enqueues
+    of one call share, ``text`` the json payload as written."""
+    columns = [
+        name
+        for (name,) in db.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = 'tasks'::regclass"
+            " AND attnum > 0 AND NOT attisdropped"
+        )
+        if name not in UNCOMPARED
+    ]
+    query = sql.SQL(
+        "SELECT {}, payload::text AS text, run_at = created_at AS now, run_at, expires_at"
+        " FROM tasks WHERE id = %s"
+    ).format(sql.SQL(", ").join(map(sql.Identifier, columns)))
+    with db.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(query, (task_id,)).fetchone()
+    assert row is not None, "no row written"
+    return {
+        "kept": {c: row[c] for c in columns},
+        **{k: row[k] for k in ("text", "now", "run_at", "expires_at")},
+    }
+
+
+def assert_same_row(db: psycopg.Connection[Any], many: str, single: str) -> None:
+    a, b = stored(db, many), stored(db, single)
+    assert (a["kept"], a["text"], a["now"]) == (b["kept"], b["text"], b["now"])
+    # Times relative to the database clock come out as far apart as the two enqueues were.
+    for key in ("run_at", "expires_at"):
+        if a[key] is None or b[key] is None:
+            assert a[key] is b[key] is None
+        else:
+            assert abs(a[key] - b[key]) < timedelta(seconds=2)
+
+
+# One schema for every example: each compares the two rows it wrote.
 @settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -65,64 +109,88 @@ def task(app: Celery) -> Task[Any, Any]:
     kwargs=st.dictionaries(st.text(), JSON_VALUES, max_size=3),
     which=st.integers(min_value=0, max_value=len(OPTIONS) - 1),
 )
-def test_a_row_is_the_copy_row_of_the_message(
-    task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any], which: int
+def test_a_row_is_the_row_of_a_single_call(
+    task: Task[Any, Any],
+    db: psycopg.Connection[Any],
+    args: list[Any],
+    kwargs: dict[str, Any],
+    which: int,
 ) -> None:
-    make, row = task._makers(**OPTIONS[which])
-    assert row is not None
-    assert row(args, kwargs, "the-id") == copy_row(make(args, kwargs, "the-id"))
+    [many] = task.apply_many([(args, kwargs)], **OPTIONS[which])
+    single = task.apply_async(args, kwargs, **OPTIONS[which])
+    assert_same_row(db, many.id, single.id)
 
 
-def test_large_arguments_are_shown_shortened_as_in_the_message(task: Task[Any, Any]) -> None:
-    make, row = task._makers()
-    assert row is not None
+@pytest.mark.parametrize("options", OTHER_OPTIONS, ids=lambda o: ",".join(o))
+def test_options_relative_to_the_database_or_the_call_give_the_same_rows(
+    task: Task[Any, Any], db: psycopg.Connection[Any], options: dict[str, Any]
+) -> None:
+    [many] = task.apply_many([((1, "a"), {"k": [2]})], **options)
+    single = task.apply_async((1, "a"), {"k": [2]}, **options)
+    assert_same_row(db, many.id, single.id)
+
+
+def test_routed_calls_go_where_a_single_call_would(
+    app: Celery, task: Task[Any, Any], db: psycopg.Connection[Any]
+) -> None:
+    # A route may look at the call.
+    app.conf.task_routes = [lambda name, args, kwargs, *_: {"queue": f"q{args[0]}"}]
+    results = task.apply_many([(1,), (2,)])
+    queues = [stored(db, r.id)["kept"]["queue"] for r in results]
+    assert queues == ["q1", "q2"]
+    assert_same_row(db, results[0].id, task.apply_async((1,)).id)
+
+
+def test_unique_calls_are_settled_as_a_single_call_is(
+    task: Task[Any, Any], db: psycopg.Connection[Any]
+) -> None:
+    first = task.apply_async(("a",), unique_key="k")
+    again = task.apply_many([("a",), ("b",)], unique_key="k")
+    assert [r.id for r in again] == [first.id, first.id]
+    assert db.execute("SELECT count(*) FROM tasks").fetchone() == (1,)
+
+
+def test_large_arguments_are_shown_shortened_as_in_a_single_call(
+    task: Task[Any, Any], db: psycopg.Connection[Any]
+) -> None:
     big = (["x" * 300] * 30, {"n": list(range(200))})
-    assert row(*big, "id") == copy_row(make(*big, "id"))
-    assert len(row(*big, "id")[10]) < 2 * REPR_MAX + 100
+    [many] = task.apply_many([big])
+    assert_same_row(db, many.id, task.apply_async(*big).id)
+    assert len(stored(db, many.id)["kept"]["headers"]["argsrepr"]) < 2 * REPR_MAX + 100
 
 
-def test_every_row_gets_an_id_of_its_own(task: Task[Any, Any]) -> None:
-    _, row = task._makers()
-    assert row is not None
-    ids = {row(("a",), {}, None)[0] for _ in range(100)}
-    assert len(ids) == 100
+def test_every_row_gets_an_id_of_its_own(task: Task[Any, Any], db: psycopg.Connection[Any]) -> None:
+    results = task.apply_many([("a",)] * 100)
+    assert len({r.id for r in results}) == 100
+    assert db.execute("SELECT count(DISTINCT id) FROM tasks").fetchone() == (100,)
 
 
-def _outcome(build: Any, args: list[Any]) -> Any:
+def outcome(enqueue: Any) -> str:
     try:
-        return build(args, {}, "id")
+        enqueue()
     except EncodeError as exc:
         return f"EncodeError: {exc}"
+    return "enqueued"
 
 
-def test_a_call_that_cannot_be_enqueued_raises_the_message_error(
-    app: Celery, task: Task[Any, Any]
+@pytest.mark.parametrize(
+    "value", [object(), "x" * 100, float("nan")], ids=["not json", "too large", "NaN"]
+)
+def test_a_call_that_cannot_be_enqueued_fails_as_a_single_call_does(
+    app: Celery, task: Task[Any, Any], db: psycopg.Connection[Any], value: Any
 ) -> None:
     app.conf.max_payload_bytes = 64
-    make, row = task._makers()
-    assert row is not None
-    # Not json and too large: refused here. NaN and a lone surrogate encode (as NaN and an
-    # escape), and the server refuses them, for both.
-    for args, refused in (([object()], True), (["x" * 100], True), (["\ud800"], False)):
-        from_make = _outcome(lambda a, k, i: copy_row(make(a, k, i)), args)
-        assert _outcome(row, args) == from_make
-        assert isinstance(from_make, str) is refused
-    assert row([float("nan")], {}, "id") == copy_row(make([float("nan")], {}, "id"))
+    # Not json and too large: refused before anything is sent. NaN encodes, and the server
+    # refuses it.
+    many = outcome(lambda: task.apply_many([(value,)]))
+    assert many.startswith("EncodeError: ")
+    assert many == outcome(lambda: task.apply_async((value,)))
+    assert db.execute("SELECT count(*) FROM tasks").fetchone() == (0,)
 
 
-def test_options_the_rows_cannot_follow_leave_it_to_the_messages(
-    app: Celery, task: Task[Any, Any]
+def test_a_lone_surrogate_is_kept_as_its_escape(
+    task: Task[Any, Any], db: psycopg.Connection[Any]
 ) -> None:
-    # Times relative to the database clock, unique keys, concurrency limits and other
-    # serializers go through the messages (and their statements).
-    assert task._makers(countdown=5)[1] is None
-    assert task._makers(expires=60)[1] is None
-    assert task._makers(unique_key="k")[1] is None
-    assert task._makers(concurrency_key="k", concurrency_limit=2)[1] is None
-    assert task._makers(serializer="pickle")[1] is None
-    # Headers that already hold the reprs keep their place in the message's json.
-    assert task._makers(headers={"argsrepr": "x"})[1] is None
-    # A route may look at the call: routed tasks go through the messages too.
-    app.conf.task_routes = {"rows.*": {"queue": "routed"}}
-    assert task._makers()[1] is None
-    assert task._makers(queue="fixed")[1] is not None
+    [many] = task.apply_many([("\ud800",)])
+    assert_same_row(db, many.id, task.apply_async(("\ud800",)).id)
+    assert "\\ud800" in stored(db, many.id)["text"]

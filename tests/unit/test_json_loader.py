@@ -12,10 +12,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pgtasks.broker import _JsonLoader, json_adapters
-from pgtasks.serialization import DecodeError, Unreadable
+from pgtasks.broker import MAX_JSON_BYTES, json_adapters
+from pgtasks.serialization import DecodeError, Unreadable, whole_document
 
 JSONB = 3802
+
+
+def loader() -> Any:
+    """The jsonb loader of a broker's connections, as psycopg finds it (text format)."""
+    found = json_adapters(MAX_JSON_BYTES).get_loader(JSONB, 0)
+    assert found is not None
+    return found(JSONB)
+
 
 documents = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
@@ -31,9 +39,9 @@ def test_a_document_reads_as_json_loads_reads_it(
 ) -> None:
     separators = (",", ":") if compact else (", ", ": ")
     data = json.dumps(value, separators=separators, ensure_ascii=ascii_only).encode("utf-8")
-    loader = _JsonLoader(JSONB)
-    assert loader.load(data) == json.loads(data)
-    assert loader.load(memoryview(data)) == json.loads(data)
+    read = loader()
+    assert read.load(data) == json.loads(data)
+    assert read.load(memoryview(data)) == json.loads(data)
 
 
 @pytest.mark.parametrize(
@@ -43,7 +51,7 @@ def test_a_document_reads_as_json_loads_reads_it(
 def test_what_json_loads_refuses_loads_as_unreadable_with_its_error(data: bytes) -> None:
     with pytest.raises(Exception) as expected:
         json.loads(data)
-    got = _JsonLoader(JSONB).load(data)
+    got = loader().load(data)
     assert isinstance(got, Unreadable)
     assert got.error == str(expected.value)
     assert got.text == data.decode("utf-8", "replace")
@@ -58,7 +66,7 @@ def test_what_json_loads_refuses_loads_as_unreadable_with_its_error(data: bytes)
     ids=["nested 3000 deep", "a number of 100000 digits"],
 )
 def test_what_python_cannot_read_loads_as_unreadable(data: bytes, error: str) -> None:
-    got = _JsonLoader(JSONB).load(memoryview(data))
+    got = loader().load(memoryview(data))
     assert isinstance(got, Unreadable)
     assert got.error.startswith(error), got.error
     assert got.text == data.decode()
@@ -82,14 +90,15 @@ def test_a_value_over_the_limit_loads_unread() -> None:
 
 @pytest.mark.parametrize("data", [b'  {"a": 1}\n', b"NaN", b"-Infinity", b"1e400", b'"\\u00e9"'])
 def test_what_the_scanner_alone_would_not_take_reads_as_json_loads_reads_it(data: bytes) -> None:
-    loaded, expected = _JsonLoader(JSONB).load(data), json.loads(data)
+    loaded, expected = loader().load(data), json.loads(data)
     assert repr(loaded) == repr(expected)
 
 
-def test_the_loader_works_with_the_pure_python_scanner_too() -> None:
+def test_documents_read_with_the_pure_python_scanner_too(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the C scanner is missing, make_scanner returns a plain function."""
-
-    class PurePython(_JsonLoader):
-        _scan = staticmethod(json.scanner.py_make_scanner(json.JSONDecoder()))
-
-    assert PurePython(JSONB).load(b'{"a": [1, "b", null]}') == {"a": [1, "b", None]}
+    monkeypatch.setattr(json.scanner, "make_scanner", json.scanner.py_make_scanner)
+    read = whole_document(json.JSONDecoder())
+    assert read('{"a": [1, "b", null]}') == {"a": [1, "b", None]}
+    assert read(' {"a": 1}\n') == {"a": 1}
+    with pytest.raises(json.JSONDecodeError):
+        read('{"a": 1} x')

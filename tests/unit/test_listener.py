@@ -73,7 +73,7 @@ def listener(
 def started(made: Listener) -> None:
     """Start ``made`` and wait until one thread listens while the other stands by."""
     made.start()
-    wait_for(lambda: made._standing_by == 1)
+    wait_for(lambda: made.standing_by == 1)
 
 
 def test_the_rest_of_a_batch_is_heard_by_the_other_thread_while_the_task_runs() -> None:

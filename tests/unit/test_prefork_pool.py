@@ -5,6 +5,7 @@ the jobs that have not started."""
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import resource
 import signal
@@ -113,7 +114,7 @@ def test_more_jobs_than_children_all_run_once_on_the_children() -> None:
         assert sorted(o.id for o in done.outcomes) == sorted(f"job-{i}" for i in range(40))
         assert {o.kind for o in done.outcomes} == {SUCCESS}
         assert sorted(started) == sorted(f"job-{i}" for i in range(40))
-        children = {p.process.pid for p in pool._children}
+        children = {p.pid for p in multiprocessing.active_children()}
         ran_on = {int(o.result.data) for o in done.outcomes if o.result is not None}
         assert ran_on <= children and os.getpid() not in ran_on
         assert pool.busy() == 0 and pool.waiting() == 0
@@ -144,8 +145,8 @@ def test_a_killed_child_loses_only_its_own_job() -> None:
         for i in range(1, 6):
             pool.submit(job("pool.pid", i), done)
         assert started.wait(10)
-        (child,) = pool._children
-        os.kill(child.process.pid, signal.SIGKILL)
+        (child,) = multiprocessing.active_children()
+        os.kill(child.pid, signal.SIGKILL)
         # The running job is reported lost; every queued one runs on the replacement child.
         assert done.all_in.wait(30), [o.id for o in done.outcomes]
         kinds = {o.id: o.kind for o in done.outcomes}

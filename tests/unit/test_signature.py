@@ -36,17 +36,18 @@ def test_s_holds_partial_arguments(add: Any) -> None:
 
 def test_merge_prepends_new_args_and_new_kwargs_and_options_win(add: Any) -> None:
     sig = add.s(2, z=1).set(queue="a", priority=1)
-    args, kwargs, options = sig._merge((1,), {"z": 2}, {"priority": 9})
-    assert args == (1, 2)
-    assert kwargs == {"z": 2}
-    assert options == {"queue": "a", "priority": 9}
+    merged = sig.clone((1,), {"z": 2}, priority=9)
+    assert merged.args == (1, 2)
+    assert merged.kwargs == {"z": 2}
+    assert merged.options == {"queue": "a", "priority": 9}
+    assert (sig.args, sig.kwargs, sig.options) == ((2,), {"z": 1}, {"queue": "a", "priority": 1})
 
 
 def test_immutable_signature_keeps_its_arguments_but_takes_options(add: Any) -> None:
     sig = add.si(1, 2)
     assert sig.immutable
-    args, kwargs, options = sig._merge((99,), {"x": 0}, {"queue": "q"})
-    assert (args, kwargs, options) == ((1, 2), {}, {"queue": "q"})
+    merged = sig.clone((99,), {"x": 0}, queue="q")
+    assert (merged.args, merged.kwargs, merged.options) == ((1, 2), {}, {"queue": "q"})
 
 
 def test_clone_is_independent_and_merges(add: Any) -> None:

@@ -4,7 +4,6 @@ concurrency, queued jobs first, and a slot given back however the job ends."""
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -97,7 +96,6 @@ def test_queued_jobs_start_before_a_job_run_here() -> None:
     pool = ThreadPool(make_app(gauge), concurrency=2)
     # The pool's threads not started yet: a job submitted waits in the queue, as one does
     # between its submission and a thread taking it.
-    pool._jobs = queue.SimpleQueue()
     done = Collector(1)
     pool.submit(job("pool.gauge", 0), done)
     assert pool.free_slots() == 1
