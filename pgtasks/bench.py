@@ -705,7 +705,7 @@ def _load(
     broker = app.broker
     stamping = bench_tasks(opts.pool)[1]
     vacuum_off = broker.autovacuum_off()
-    with started_workers(opts, progress, env) as workers, _held_snapshot(opts) as held:
+    with started_workers(opts, progress, env) as workers, held_snapshot(opts) as held:
         stamping.delay(0.0).get(timeout=30)  # warm-up
         since = broker.bench_cost_sample()["now"]
         vacuums_before, checkpoints_before = broker.bench_maintenance()
@@ -795,7 +795,7 @@ def _window_end(n: int, window: float, seconds: float) -> float:
     return seconds if math.isclose(at, seconds) else at
 
 
-def _maintenance(report: dict[str, Any]) -> str:
+def maintenance_note(report: dict[str, Any]) -> str:
     """The vacuums and checkpoints that finished during a load phase, for its result line
     (the windows say which: a slow window beside one of them is the maintenance's cost)."""
     parts = [
@@ -844,7 +844,7 @@ def capacity(opts: Options, progress: Progress) -> dict[str, Any]:
     progress.result(
         f"capacity: {rate:,.0f} tasks/s finished while enqueueing alongside "
         f"(from {report['measured_from_s']:g} s to {opts.capacity_seconds:g} s, queue kept at "
-        f"{CAPACITY_BACKLOG:,} tasks){caveat}{_maintenance(report)}{_vacuum_verdict(report)}"
+        f"{CAPACITY_BACKLOG:,} tasks){caveat}{maintenance_note(report)}{_vacuum_verdict(report)}"
     )
     return report
 
@@ -874,13 +874,14 @@ def steady(opts: Options, rate: float, progress: Progress) -> dict[str, Any]:
         f"{' under a held snapshot' if report['held_snapshot'] else ''}; median window "
         f"p99 {report['p99_ms_first_half'] or 0:.1f} ms in the first half, "
         f"{report['p99_ms_second_half'] or 0:.1f} ms in the second; tables at most "
-        f"{report['size_mb_max']:.0f} MB; {verdict}{_maintenance(report)}{_vacuum_verdict(report)}"
+        f"{report['size_mb_max']:.0f} MB; {verdict}{maintenance_note(report)}"
+        f"{_vacuum_verdict(report)}"
     )
     return report
 
 
 @contextlib.contextmanager
-def _held_snapshot(opts: Options) -> Iterator[bool]:
+def held_snapshot(opts: Options) -> Iterator[bool]:
     """With ``hold_snapshot``, a transaction open for the block whose snapshot was taken at its
     start (the xmin horizon does not move on while it is open); yields whether one is held."""
     if not opts.hold_snapshot:

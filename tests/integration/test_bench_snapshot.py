@@ -7,7 +7,7 @@ from typing import Any
 
 import psycopg
 
-from pgtasks.bench import Options, _held_snapshot
+from pgtasks.bench import Options, held_snapshot
 
 
 def held_horizons(db: psycopg.Connection[Any]) -> list[Any]:
@@ -26,10 +26,10 @@ def test_hold_snapshot_keeps_a_transaction_open_for_the_block(
     pg_dsn: str, db: psycopg.Connection[Any]
 ) -> None:
     before = held_horizons(db)
-    with _held_snapshot(Options(database_url=pg_dsn, hold_snapshot=True)) as held:
+    with held_snapshot(Options(database_url=pg_dsn, hold_snapshot=True)) as held:
         assert held is True
         assert len(held_horizons(db)) == len(before) + 1
     assert len(held_horizons(db)) == len(before)
-    with _held_snapshot(Options(database_url=pg_dsn)) as held:
+    with held_snapshot(Options(database_url=pg_dsn)) as held:
         assert held is False
         assert len(held_horizons(db)) == len(before)

@@ -284,11 +284,11 @@ def test_the_rate_suggested_after_falling_behind_is_80_percent_rounded_down(
 
 
 def test_a_load_phase_names_the_maintenance_that_finished_during_it() -> None:
-    assert bench._maintenance({"vacuums": 0, "checkpoints": 0}) == ""
-    assert bench._maintenance({"vacuums": 2, "checkpoints": 1}) == (
+    assert bench.maintenance_note({"vacuums": 0, "checkpoints": 0}) == ""
+    assert bench.maintenance_note({"vacuums": 2, "checkpoints": 1}) == (
         "; 2 vacuums and 1 checkpoint finished during it (by window in the report)"
     )
-    assert bench._maintenance({"vacuums": 1, "checkpoints": 0}) == (
+    assert bench.maintenance_note({"vacuums": 1, "checkpoints": 0}) == (
         "; 1 vacuum finished during it (by window in the report)"
     )
 
