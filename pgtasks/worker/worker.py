@@ -286,6 +286,13 @@ class Worker:
         with self._lock:
             return list(self._inflight)
 
+    @property
+    def park_backoff(self) -> float:
+        """Seconds an idle worker now waits before it parks again: each park given up unused
+        (the worker claimed the usual way while parked) doubles it, up to a second; a hand-off,
+        which shows parks are used, resets it to 0."""
+        return self._park_backoff
+
     def stop(self, cold: bool = False) -> None:
         """Stop claiming; finish what runs (warm) or stop now (cold)."""
         if cold:

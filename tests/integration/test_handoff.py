@@ -558,10 +558,11 @@ def test_parks_given_up_unused_back_off(
                 what="the batch to finish",
             )
         assert len(parks) < rounds * 3 // 4, parks
+        assert worker.park_backoff > 0.0
         # Idle again, it parks within a second, and the next delay is handed to it.
         wait_until(lambda: parked(db, worker.id), what="the worker to park again")
         assert batch.delay().get(timeout=10) is None
-        assert worker._park_backoff == 0.0
+        assert worker.park_backoff == 0.0
 
 
 @pytest.mark.parametrize("concurrency", [1, 2])
