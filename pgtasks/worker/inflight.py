@@ -68,14 +68,17 @@ class InFlightBook(dict[str, InFlight]):
             entry.finishing = True
         return entry
 
-    def finished(self, task_id: str, attempt: int) -> InFlight | None:
+    def finished(self, task_id: str, attempt: int, undone: bool = False) -> InFlight | None:
         """That claim is over here (its outcome written, or its lease lost before it
         started): remove its entry and return it (None where a newer claim holds the task,
-        which stays), and remember the claim as finished."""
+        which stays), and remember the claim as finished. A claim that was ``undone`` (handed
+        back with its attempt given back) is not remembered: the row's next claim has the
+        same attempt."""
         entry = self.claim_of(task_id, attempt)
         if entry is not None:
             del self[task_id]
-        self._over[(task_id, attempt)] = None
-        if len(self._over) > self.KEPT:
-            self._over.popitem(last=False)
+        if not undone:
+            self._over[(task_id, attempt)] = None
+            if len(self._over) > self.KEPT:
+                self._over.popitem(last=False)
         return entry

@@ -1073,7 +1073,10 @@ class Worker:
     def _written(self, item: Final, status: str | None) -> None:
         """Called by the completer after the fenced write."""
         with self._lock:
-            entry = self._inflight.finished(item.id, item.attempt)
+            # A hand-back gives the attempt back: the row's next claim has the same one.
+            entry = self._inflight.finished(
+                item.id, item.attempt, undone=isinstance(item, Release) and status is not None
+            )
             self.processed += 1
         if self._backpressure:
             self._wake.set()

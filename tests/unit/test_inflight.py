@@ -68,3 +68,11 @@ def test_the_finished_claims_remembered_are_bounded() -> None:
         book.finished("t1", attempt)
     assert book.add(claim(1)) is not None  # the oldest was forgotten
     assert book.add(claim(2)) is None
+
+
+def test_a_claim_handed_back_can_be_claimed_again_with_the_same_attempt() -> None:
+    # A hand-back (an unknown task name, a stopping worker) gives the attempt back.
+    book = InFlightBook()
+    book.add(claim(1))
+    book.finished("t1", 1, undone=True)
+    assert book.add(claim(1)) is not None
