@@ -19,8 +19,9 @@ from datetime import datetime, timedelta
 import psycopg
 import structlog
 
-from pgtasks.broker import Broker, Plan, Row
+from pgtasks.broker import Broker, Row
 from pgtasks.metrics import NullMetrics
+from pgtasks.records import Plan
 from pgtasks.worker.floors import Gate
 
 log = structlog.get_logger("pgtasks")

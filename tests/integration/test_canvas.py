@@ -229,8 +229,8 @@ def test_follow_ups_are_written_only_when_the_fenced_completion_is(
 ) -> None:
     """A worker that lost its lease must not enqueue the next step, a callback, or count a
     chord member: the follow-ups share the fenced write's fate."""
-    from pgtasks.broker import Success
     from pgtasks.canvas import chord_body_builder
+    from pgtasks.records import Success
     from pgtasks.serialization import encode
 
     # Given a chain and a chord member, both claimed by worker "a"

@@ -13,9 +13,9 @@ import psycopg
 import pytest
 
 from pgtasks import Celery, chord, group
-from pgtasks.broker import Success
 from pgtasks.canvas import chord_body_builder
 from pgtasks.exceptions import ChordError
+from pgtasks.records import Success
 from tests.apps.harness import expire_lease, one, wait_until
 from tests.conftest import running_worker
 

@@ -15,7 +15,8 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from pgtasks import Celery
-from pgtasks.broker import Broker, Success
+from pgtasks.broker import Broker
+from pgtasks.records import Success
 from pgtasks.worker import Worker
 from tests.apps import coord
 from tests.apps.harness import (

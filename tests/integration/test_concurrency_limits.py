@@ -17,9 +17,10 @@ from psycopg import pq, sql
 from psycopg.types.json import Jsonb
 
 from pgtasks import Celery
-from pgtasks.broker import Broker, Failure, Release, RetryAt, Success
+from pgtasks.broker import Broker
 from pgtasks.exceptions import ImproperlyConfigured
 from pgtasks.maintenance import Reclaimer
+from pgtasks.records import Failure, Release, RetryAt, Success
 from pgtasks.worker import Worker
 from tests.apps import coord
 from tests.apps.harness import (

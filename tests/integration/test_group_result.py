@@ -110,7 +110,7 @@ def test_stored_results_notify_their_channel(app: Celery, tasks: dict[str, Any])
     listener = app.broker.result_listen_connection()
     try:
         claimed = app.broker.claim("w", ["celery"], 1, 30.0)
-        from pgtasks.broker import Success
+        from pgtasks.records import Success
 
         app.broker.complete("w", [Success(res.id, claimed[0].attempt, True, "application/json",
                                           b"2", None)])  # fmt: skip

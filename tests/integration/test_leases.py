@@ -19,8 +19,9 @@ from psycopg import sql
 from structlog.testing import capture_logs
 
 from pgtasks import Celery
-from pgtasks.broker import Broker, Failure, Release, RetryAt, Success
+from pgtasks.broker import Broker
 from pgtasks.exceptions import TaskRevokedError
+from pgtasks.records import Failure, Release, RetryAt, Success
 from pgtasks.serialization import encode
 from pgtasks.worker import Worker
 from tests.apps.harness import (

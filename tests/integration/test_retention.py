@@ -12,8 +12,8 @@ from psycopg import sql
 from structlog.testing import capture_logs
 
 from pgtasks import Celery, chord
-from pgtasks.broker import Success
 from pgtasks.maintenance import Pruner
+from pgtasks.records import Success
 from tests.apps.harness import attempts, one, rows, wait_until
 
 

@@ -17,8 +17,8 @@ import psycopg
 import pytest
 
 from pgtasks import Celery
-from pgtasks.broker import Release
 from pgtasks.exceptions import ImproperlyConfigured
+from pgtasks.records import Release
 from tests.apps.harness import REPO, one, rows, status, wait_until
 from tests.apps.unique_producer import GATE
 

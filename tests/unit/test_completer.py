@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgtasks.broker import Success
+from pgtasks.records import Success
 from pgtasks.worker import completer as completer_module
 from pgtasks.worker.completer import Completer
 
