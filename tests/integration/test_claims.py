@@ -297,7 +297,8 @@ def cursors_of(conn: psycopg.Connection[Any]) -> int:
     return sum(
         1
         for o in gc.get_objects()
-        if isinstance(o, psycopg.Cursor) and not o.closed and o.connection is conn
+        # By type(), not isinstance(): a lazy proxy (Django's settings) would evaluate itself.
+        if issubclass(type(o), psycopg.Cursor) and not o.closed and o.connection is conn
     )
 
 
