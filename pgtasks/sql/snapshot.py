@@ -205,9 +205,10 @@ def describe(conn: psycopg.Connection[Any], schema: str) -> list[str]:
     rows.extend(("version", f"{v:04d}", name) for v, name in versions)
     lines: list[str] = []
     for section, name, detail in sorted(rows):
-        head, *rest = detail.split("\n")
+        head, *rest = detail.rstrip("\n").split("\n")
         lines.append(f"{section} {name}: {head}" if head else f"{section} {name}")
-        lines.extend(f"    {line}".rstrip() for line in rest)
+        # A definition over several lines names its object on each, for a readable diff.
+        lines.extend(f"{section} {name} | {line}".rstrip() for line in rest)
     return [line.replace(schema, PLACEHOLDER) for line in lines]
 
 
