@@ -2,6 +2,12 @@
 
 Migrations are append-only. Several processes may migrate at once: the lock makes the second wait
 and then find nothing left to do. Each file runs in its own transaction with its version row.
+
+What they add up to is written out in ``pgtasks/sql/schema.sql``, the schema to read. A new
+migration updates that file in the same change: ``tests/integration/test_schema_snapshot.py``
+(or ``python -m pgtasks.sql.snapshot --check``) builds a schema each way and shows how they
+differ. In both files ``{schema}`` is the quoted schema name, ``{channel}`` the literal name
+of its notification channel, and ``{{``/``}}`` stand for braces.
 """
 
 from __future__ import annotations
