@@ -3,7 +3,7 @@
     python -m benchmarks.quick --dsn postgresql://localhost/bench [--tasks 10000] [--workers 2]
 
 is ``pgtasks bench --database-url postgresql://localhost/bench --tasks 10000 --workers 2`` (see
-:mod:`pgtasks.bench`). The side-by-side comparison with other queues is the shared harness
+:mod:`pgtasks.cli.bench`). The side-by-side comparison with other queues is the shared harness
 (``benchmarks/pgtasks_adapter.py``).
 """
 
@@ -14,13 +14,15 @@ import json
 import os
 import sys
 
-from pgtasks import bench
+from pgtasks.cli.bench.options import DEFAULT_SCHEMA, BenchError, Options, parse_phases
+from pgtasks.cli.bench.report import format_report
+from pgtasks.cli.bench.runner import run
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--dsn", default=os.environ.get("PGTASKS_DATABASE_URL"))
-    parser.add_argument("--schema", default=bench.DEFAULT_SCHEMA)
+    parser.add_argument("--schema", default=DEFAULT_SCHEMA)
     parser.add_argument("--tasks", type=int, default=10_000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=1, help="slots per worker")
@@ -34,8 +36,8 @@ def main() -> None:
     if not args.dsn:
         sys.exit("give --dsn or set PGTASKS_DATABASE_URL")
     try:
-        report = bench.run(
-            bench.Options(
+        report = run(
+            Options(
                 database_url=args.dsn,
                 schema=args.schema,
                 tasks=args.tasks,
@@ -45,12 +47,12 @@ def main() -> None:
                 prefetch_multiplier=args.prefetch_multiplier,
                 latency_samples=args.latency_samples,
                 rate=args.rate,
-                phases=bench.parse_phases(args.only),
+                phases=parse_phases(args.only),
             )
         )
-    except bench.BenchError as exc:
+    except BenchError as exc:
         sys.exit(f"error: {exc}")
-    print(json.dumps(report, indent=2) if args.json else bench.format_report(report))
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
 
 
 if __name__ == "__main__":

@@ -2091,58 +2091,6 @@ class Broker:
             "workers": self.live_workers(live_within),
         }
 
-    # -- pgtasks bench ------------------------------------------------------------------------
-
-    def server_version(self) -> str:
-        """The server's version string, e.g. ``16.4 (Debian 16.4-1.pgdg120+1)``."""
-        row = self._one("server_version", {})
-        return str(row["version"]) if row else "unknown"
-
-    def bench_schema_state(self) -> str:
-        """``absent``; ``bench`` when ``pgtasks bench`` created the schema; else ``other``."""
-        row = self._one("bench_schema_state", {"schema": self.schema})
-        if row is None or not row["present"]:
-            return "absent"
-        return "bench" if row["ours"] else "other"
-
-    def create_bench_schema(self) -> None:
-        """Create the (absent) schema and mark it as ``pgtasks bench``'s."""
-        self._all("bench_create_schema", {})
-        self._all("bench_mark_schema", {})
-
-    def drop_schema(self) -> None:
-        """Drop the schema and everything in it."""
-        self._all("drop_schema", {})
-
-    def bench_cost_sample(self) -> Row:
-        """WAL position and the pids of the server processes serving this database."""
-        row = self._one("bench_cost_sample", {})
-        assert row is not None
-        return row
-
-    def bench_wal_bytes(self, since: str) -> int:
-        row = self._one("bench_wal_bytes", {"since": since})
-        return int(row["bytes"]) if row else 0
-
-    def bench_maintenance(self) -> tuple[int, int]:
-        """Vacuums finished on the tables that grow with every task, and checkpoints made by
-        the server, so far (both cumulative; each statement runs in a transaction of its own,
-        so the server's statistics are read afresh)."""
-
-        def read(conn: psycopg.Connection[Any]) -> list[Row]:
-            # The connection knows its server's version: no statement to ask it.
-            later = conn.info.server_version >= 170000
-            return self._run(conn, "bench_maintenance_17" if later else "bench_maintenance", {})
-
-        row = self._pooled(read, "bench_maintenance")[0]
-        return int(row["vacuums"]), int(row["checkpoints"])
-
-    def bench_steady_window(self, since: datetime) -> Row:
-        """Latency percentiles of the results stored after ``since``, and table sizes."""
-        row = self._one("bench_steady_window", {"since": since})
-        assert row is not None
-        return row
-
 
 class CopyRefused(Exception):
     """COPY may not load tasks for this role (row-level security applies to it); nothing was

@@ -1,5 +1,9 @@
 """Named SQL queries, loaded once from ``queries.sql``.
 
+pgtasks' own are this package's file; a part of the project with queries of its own (``pgtasks
+bench``) keeps them in a ``queries.sql`` of its package, in the same format, and loads them
+with the same functions (``queries(schema, package)``).
+
 Each query starts with ``-- name: <name>`` followed by a one-line description. A part several
 queries share word for word is written once, after ``-- fragment: <name>``, and stands in each
 query (or fragment) as a line ``-- insert: <name>``. ``{schema}`` in the text is replaced by a
@@ -25,9 +29,10 @@ _INSERT = re.compile(r"^-- insert: (\w+)\s*$", re.MULTILINE)
 
 
 @functools.cache
-def raw_queries() -> dict[str, str]:
-    """The query texts by name, fragments in place and ``{schema}`` still in place."""
-    text = resources.files(__package__).joinpath("queries.sql").read_text(encoding="utf-8")
+def raw_queries(package: str = __name__) -> dict[str, str]:
+    """The query texts by name of ``package``'s ``queries.sql`` (pgtasks' own by default),
+    fragments in place and ``{schema}`` still in place."""
+    text = resources.files(package).joinpath("queries.sql").read_text(encoding="utf-8")
     parts = _NAME.split(text)
     queries: dict[str, str] = {}
     fragments: dict[str, str] = {}
@@ -103,15 +108,18 @@ def native(query: bytes) -> tuple[bytes, tuple[str, ...]]:
 
 
 @functools.cache
-def queries(schema: str) -> dict[str, bytes | sql.Composed]:
-    """Every query composed for ``schema``.
+def queries(schema: str, package: str = __name__) -> dict[str, bytes | sql.Composed]:
+    """Every query of ``package``'s ``queries.sql`` (pgtasks' own by default) composed for
+    ``schema``.
 
     With an ASCII schema name the queries are rendered to bytes once, which read the same in
     every client encoding; a composed query would be rendered again on every execution
     (quoting the schema through libpq each time), before psycopg's cache of converted queries.
     """
     ident = sql.Identifier(schema)
-    composed = {name: sql.SQL(text).format(schema=ident) for name, text in raw_queries().items()}
+    composed = {
+        name: sql.SQL(text).format(schema=ident) for name, text in raw_queries(package).items()
+    }
     if not schema.isascii():
         return dict(composed)
     return {name: query.as_bytes(None) for name, query in composed.items()}

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgtasks import bench
+from pgtasks.cli.bench.report import format_report
 from tests.acceptance.test_cli import (
     assert_one_clean_error,
     cli_env,
@@ -325,7 +325,7 @@ def test_capacity_is_measured_with_enqueueing_alongside_and_sets_the_steady_rate
         0.8 * capacity["tasks_per_second"]
     )
     # The printed report shows each load phase window by window, at its own length.
-    text = bench.format_report(report).splitlines()
+    text = format_report(report).splitlines()
     at = text.index("capacity, every 0.5 s:")
     assert [line.split()[:2] for line in text[at + 2 : at + 4]] == [
         [f"{w['at_s']:.1f}", "s"] for w in windows

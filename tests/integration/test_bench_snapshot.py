@@ -7,7 +7,8 @@ from typing import Any
 
 import psycopg
 
-from pgtasks.bench import Options, held_snapshot
+from pgtasks.cli.bench.load import held_snapshot
+from pgtasks.cli.bench.options import Options
 
 
 def held_horizons(db: psycopg.Connection[Any]) -> list[Any]:

@@ -13,6 +13,7 @@ import pytest
 from psycopg import sql
 
 from pgtasks import Celery
+from pgtasks.cli.bench.store import BenchStore
 from pgtasks.worker import Worker
 from tests.apps.harness import attempts, expire_lease, task_row, wait_until
 
@@ -312,22 +313,22 @@ def test_the_bench_counts_the_vacuums_of_the_queues_tables_and_the_checkpoints(
 ) -> None:
     """``pgtasks bench`` sets each window of its load phases beside the maintenance that
     finished in it: vacuums of the tasks, results and attempts tables, and checkpoints."""
-    vacuums, checkpoints = app.broker.bench_maintenance()
+    vacuums, checkpoints = BenchStore(app.broker).maintenance()
     db.execute("VACUUM tasks")
     db.execute("VACUUM attempts")
     # A table outside the queue's three is not counted.
     db.execute("CREATE TABLE elsewhere (id int)")
     db.execute("VACUUM elsewhere")
-    assert app.broker.bench_maintenance()[0] == vacuums + 2
+    assert BenchStore(app.broker).maintenance()[0] == vacuums + 2
     db.execute("CHECKPOINT")
     # The checkpointer reports its count as the checkpoint ends, around when the command
     # returns: wait for it.
     wait_until(
-        lambda: app.broker.bench_maintenance()[1] > checkpoints,
+        lambda: BenchStore(app.broker).maintenance()[1] > checkpoints,
         timeout=10,
         what="the checkpoint to be counted",
     )
-    after_vacuums, after_checkpoints = app.broker.bench_maintenance()
+    after_vacuums, after_checkpoints = BenchStore(app.broker).maintenance()
     assert after_vacuums == vacuums + 2
     # Another checkpoint (of the server's own schedule, or another test's) may end meanwhile.
     assert after_checkpoints >= checkpoints + 1

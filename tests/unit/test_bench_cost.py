@@ -14,7 +14,13 @@ from typing import Any
 
 import pytest
 
-from pgtasks import Celery, bench
+from pgtasks import Celery
+from pgtasks.cli.bench import tasks
+from pgtasks.cli.bench.cost import CostMeter
+from pgtasks.cli.bench.figures import keeping_up, latency_split
+from pgtasks.cli.bench.load import maintenance_note
+from pgtasks.cli.bench.report import format_report, summary_rows
+from pgtasks.cli.bench.workers import Workers
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
 
@@ -45,7 +51,7 @@ PARENT = (
 def meter_app(app: Celery, monkeypatch: pytest.MonkeyPatch) -> Celery:
     """The bench's app, on the test database (where the cost meter reads WAL and the server's
     processes)."""
-    monkeypatch.setattr(bench, "app", app)
+    monkeypatch.setattr(tasks, "app", app)
     return app
 
 
@@ -60,8 +66,8 @@ def worker() -> Iterator[subprocess.Popen[str]]:
         yield proc
 
 
-def workers(*procs: Any) -> bench.Workers:
-    return bench.Workers(procs=list(procs))
+def workers(*procs: Any) -> Workers:
+    return Workers(procs=list(procs))
 
 
 def this_process() -> Any:
@@ -72,7 +78,7 @@ def this_process() -> Any:
 def test_the_cost_counts_the_cpu_of_the_workers_children(
     meter_app: Celery, worker: subprocess.Popen[str]
 ) -> None:
-    meter = bench.CostMeter.start(workers(worker))
+    meter = CostMeter.start(workers(worker))
     assert worker.stdin is not None and worker.stdout is not None
     worker.stdin.write("go\n")
     worker.stdin.flush()
@@ -109,7 +115,7 @@ def test_the_cost_counts_every_thread_and_never_goes_back_when_one_ends(
         return thread, end
 
     ending, end_it = started(0.2)
-    meter = bench.CostMeter.start(workers(this_process()))
+    meter = CostMeter.start(workers(this_process()))
     end_it.set()
     ending.join()
     other, end_other = started(0.06)
@@ -122,7 +128,7 @@ def test_the_cost_counts_every_thread_and_never_goes_back_when_one_ends(
 
 
 def test_no_cost_is_given_for_no_tasks(meter_app: Celery) -> None:
-    meter = bench.CostMeter.start(workers(this_process()))
+    meter = CostMeter.start(workers(this_process()))
     assert meter.stop(0) == {
         "wal_bytes_per_task": None,
         "db_cpu_ms_per_1000_tasks": None,
@@ -130,7 +136,7 @@ def test_no_cost_is_given_for_no_tasks(meter_app: Celery) -> None:
         "bench_cpu_ms_per_1000_tasks": None,
     }
     # Workers that are gone by the end: nothing read, no figure.
-    meter = bench.CostMeter.start(workers(SimpleNamespace(pid=2**22 + 1)))
+    meter = CostMeter.start(workers(SimpleNamespace(pid=2**22 + 1)))
     assert meter.stop(1000)["worker_cpu_ms_per_1000_tasks"] is None
 
 
@@ -145,14 +151,14 @@ def test_the_summary_shows_worker_and_server_cpu_where_measured() -> None:
             }
         }
     }
-    rows = bench.summary_rows(report)
+    rows = summary_rows(report)
     assert ("burn-down worker CPU per 1,000 tasks", "70", "ms") in rows
     assert not any("server CPU" in row[0] for row in rows)
 
 
 def test_the_summary_shows_the_commit_flush_of_an_enqueue() -> None:
     report = {"phases": {"enqueue": {"tasks_per_second": 3000.0, "commit_flush_ms": 0.0824}}}
-    rows = bench.summary_rows(report)
+    rows = summary_rows(report)
     assert rows == [
         ("enqueue one by one", "3,000", "tasks/s"),
         ("commit flush per enqueue", "0.082", "ms"),
@@ -188,7 +194,7 @@ def test_the_report_shows_a_load_phase_window_by_window() -> None:
     }
     setup = {"postgresql": "15", "pgtasks": "0.1", "workers": 2, "concurrency": 1}
     setup |= {"pool": "threads", "tasks": 20000}
-    text = bench.format_report({"phases": {"steady": steady}, "setup": setup})
+    text = format_report({"phases": {"steady": steady}, "setup": setup})
     lines = text.splitlines()
     at = lines.index("steady, every 10 s:")
     assert lines[at + 1].split() == [
@@ -205,9 +211,7 @@ def test_the_report_shows_a_load_phase_window_by_window() -> None:
     # Columns line up: every row of the table is as wide as its heading row.
     assert len({len(line) for line in lines[at + 1 : at + 4]}) == 1
     # Phases without windows add no table.
-    plain = bench.format_report(
-        {"phases": {"burn_down": {"tasks_per_second": 1.0}}, "setup": setup}
-    )
+    plain = format_report({"phases": {"burn_down": {"tasks_per_second": 1.0}}, "setup": setup})
     assert "every 10 s" not in plain
 
 
@@ -217,23 +221,23 @@ def test_latency_splits_into_the_delay_call_and_the_start_after_its_return() -> 
     # while the call waits for the flush) leaves a negative start after the return.
     values = [2.0, 3.0, 1.5, 10.0, 2.5]
     calls = [1.5, 2.0, 1.6, 2.0, 2.0]
-    split = bench.latency_split(values, calls)
+    split = latency_split(values, calls)
     assert split["call_p50_ms"] == pytest.approx(2.0)
     assert split["call_p99_ms"] == pytest.approx(2.0)
     # What is left after each call: 0.5, 1.0, -0.1, 8.0, 0.5.
     assert split["after_return_p50_ms"] == pytest.approx(0.5)
-    early = bench.latency_split([1.0, 1.1, 1.2], [1.3, 1.3, 1.3])
+    early = latency_split([1.0, 1.1, 1.2], [1.3, 1.3, 1.3])
     assert early["after_return_p50_ms"] == pytest.approx(-0.2)
     assert split["after_return_p99_ms"] == pytest.approx(1.0 + (8.0 - 1.0) * 0.96)
     with pytest.raises(ValueError):
-        bench.latency_split([1.0, 2.0], [1.0])
+        latency_split([1.0, 2.0], [1.0])
 
 
 def test_the_summary_shows_the_latency_and_its_two_parts() -> None:
     latency = {"p50_ms": 1.84, "p90_ms": 2.1, "p99_ms": 2.74, "max_ms": 4.0}
     parts = {"call_p50_ms": 1.58, "call_p99_ms": 2.43}
     parts |= {"after_return_p50_ms": 0.26, "after_return_p99_ms": 0.41}
-    rows = bench.summary_rows({"phases": {"latency": {**latency, **parts}}})
+    rows = summary_rows({"phases": {"latency": {**latency, **parts}}})
     assert rows == [
         ("delay->start p50", "1.84", "ms"),
         ("delay->start p90", "2.10", "ms"),
@@ -244,7 +248,7 @@ def test_the_summary_shows_the_latency_and_its_two_parts() -> None:
         ("start after return p99", "0.41", "ms"),
     ]
     # A report written before the split (--json kept from an older run) still reads.
-    assert len(bench.summary_rows({"phases": {"latency": latency}})) == 3
+    assert len(summary_rows({"phases": {"latency": latency}})) == 3
 
 
 def _window(finished: float, unfinished: int) -> dict[str, float]:
@@ -253,7 +257,7 @@ def _window(finished: float, unfinished: int) -> dict[str, float]:
 
 def test_a_steady_phase_whose_backlog_stays_small_kept_up() -> None:
     windows = [_window(990.0, 300), _window(1000.0, 120), _window(1010.0, 1500)]
-    verdict = bench.keeping_up(windows, 1000.0)
+    verdict = keeping_up(windows, 1000.0)
     assert verdict == {
         "finished_per_second_second_half": 1005.0,
         "unfinished_at_end": 1500,
@@ -264,7 +268,7 @@ def test_a_steady_phase_whose_backlog_stays_small_kept_up() -> None:
 
 def test_a_steady_phase_whose_backlog_grows_fell_behind() -> None:
     windows = [_window(800.0, 2000), _window(810.0, 4000), _window(790.0, 6000)]
-    verdict = bench.keeping_up(windows, 1000.0)
+    verdict = keeping_up(windows, 1000.0)
     assert verdict["kept_up"] is False
     assert verdict["unfinished_at_end"] == 6000
     assert verdict["finished_per_second_second_half"] == 800.0
@@ -280,15 +284,15 @@ def test_the_rate_suggested_after_falling_behind_is_80_percent_rounded_down(
     finished: float, suggested: int
 ) -> None:
     windows = [_window(finished, 10**9), _window(finished, 10**9)]
-    assert bench.keeping_up(windows, 10**6)["suggested_rate"] == suggested
+    assert keeping_up(windows, 10**6)["suggested_rate"] == suggested
 
 
 def test_a_load_phase_names_the_maintenance_that_finished_during_it() -> None:
-    assert bench.maintenance_note({"vacuums": 0, "checkpoints": 0}) == ""
-    assert bench.maintenance_note({"vacuums": 2, "checkpoints": 1}) == (
+    assert maintenance_note({"vacuums": 0, "checkpoints": 0}) == ""
+    assert maintenance_note({"vacuums": 2, "checkpoints": 1}) == (
         "; 2 vacuums and 1 checkpoint finished during it (by window in the report)"
     )
-    assert bench.maintenance_note({"vacuums": 1, "checkpoints": 0}) == (
+    assert maintenance_note({"vacuums": 1, "checkpoints": 0}) == (
         "; 1 vacuum finished during it (by window in the report)"
     )
 
@@ -312,7 +316,7 @@ def test_the_cost_is_read_finer_than_a_clock_tick(meter_app: Celery) -> None:
     ) as proc:
         assert proc.stdin is not None and proc.stdout is not None
         assert proc.stdout.readline() == "ready\n"
-        meter = bench.CostMeter.start(workers(proc))
+        meter = CostMeter.start(workers(proc))
         proc.stdin.write("go\n")
         proc.stdin.flush()
         assert proc.stdout.readline() == "spun\n"

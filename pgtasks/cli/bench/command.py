@@ -1,4 +1,4 @@
-"""``bench``: measure pgtasks on the user's own database (see :mod:`pgtasks.bench`)."""
+"""``bench``: measure pgtasks on the user's own database (see :mod:`pgtasks.cli.bench`)."""
 
 from __future__ import annotations
 
@@ -225,14 +225,18 @@ def bench(
       pgtasks bench --only capacity,steady --window-seconds 1 \\
         --capacity-seconds 2 --steady-seconds 2    # a check that it runs
     """
-    from pgtasks import bench as bench_
+    # Imported here: every pgtasks command imports this module, to register it.
+    from pgtasks.cli.bench.options import BenchError, Options, check_options, parse_phases
+    from pgtasks.cli.bench.progress import Progress
+    from pgtasks.cli.bench.report import format_report
+    from pgtasks.cli.bench.runner import run
 
     try:
-        phases = bench_.parse_phases(only)
-    except bench_.BenchError as exc:
+        phases = parse_phases(only)
+    except BenchError as exc:
         raise click.BadParameter(str(exc), param_hint="--only") from None
     url = _database_url(ctx, database_url)
-    opts = bench_.Options(
+    opts = Options(
         database_url=url,
         schema=schema,
         tasks=tasks,
@@ -253,12 +257,12 @@ def bench(
         force=force,
     )
     try:
-        bench_.check_options(opts)
-    except bench_.BenchError as exc:
+        check_options(opts)
+    except BenchError as exc:
         raise click.UsageError(str(exc)) from None
-    report = bench_.run(opts, bench_.Progress())
+    report = run(opts, Progress())
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
         click.echo()
-        click.echo(bench_.format_report(report))
+        click.echo(format_report(report))
