@@ -14,7 +14,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Iterator
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -22,23 +21,21 @@ import structlog
 
 from pgtasks import migrate as migrations
 from pgtasks import ratelimits, signals, utils
-from pgtasks.broker import Failure, Release, RetryAt, Success, handed_ids, handoff_channel
-from pgtasks.canvas import chord_body_builder, chord_member, register_builtins
-from pgtasks.exceptions import NotRegistered
+from pgtasks.broker import Release, handed_ids, handoff_channel
+from pgtasks.canvas import chord_body_builder, register_builtins
 from pgtasks.maintenance import Maintenance, Pruner, Reclaimer
 from pgtasks.message import OVERSIZE_PAYLOAD, ClaimedTask, malformed
 from pgtasks.metrics import NullMetrics
 from pgtasks.metrics import create as create_metrics
-from pgtasks.result import exception_to_dict
 from pgtasks.scheduler import BeatService, Scheduler
-from pgtasks.serialization import DecodeError, decode, encode
+from pgtasks.serialization import DecodeError, decode
 from pgtasks.states import Status
 from pgtasks.utils.signal_relay import SignalRelay
 from pgtasks.worker import execute as ex
-from pgtasks.worker import task_signals, timelimits
+from pgtasks.worker import outcomes, task_signals, timelimits
 from pgtasks.worker.completer import Completer, Final
 from pgtasks.worker.floors import Floors
-from pgtasks.worker.inflight import InFlight, InFlightBook
+from pgtasks.worker.inflight import InFlightBook
 from pgtasks.worker.lease import LeaseKeeper
 from pgtasks.worker.listener import Listener, RunHere
 from pgtasks.worker.pools import ThreadPool
@@ -671,7 +668,7 @@ class Worker:
                 return  # found twice (see _accept): settled as the first time
         TaskLog(self.log, row, self._levels).error("task.dead_lettered", reason=reason, error=error)
         self.metrics.dead_lettered(row.name, row.queue, reason)
-        self._settle(self._failure(row, Status.DEAD, error))
+        self._settle(outcomes.not_run(row, Status.DEAD, error))
         if reason == OVERSIZE_PAYLOAD:
             # As for a payload that does not decode (see _accept).
             task_signals.rejected(self, row, DecodeError(error))
@@ -750,7 +747,7 @@ class Worker:
                     reason="revoked before it started",
                 )
                 self._settle(
-                    self._failure(entry.task, Status.CANCELLED, "discarded before it started")
+                    outcomes.not_run(entry.task, Status.CANCELLED, "discarded before it started")
                 )
                 return False
         if self._debug:
@@ -792,7 +789,7 @@ class Worker:
         if row.expired:
             tlog.info("task.expired", expires_at=str(row.expires_at))
             # task_revoked (expired=True) is sent once the row is written CANCELLED: _written.
-            self._settle(self._failure(row, Status.CANCELLED, "expired"))
+            self._settle(outcomes.not_run(row, Status.CANCELLED, "expired"))
             return None
         task = self.app.tasks.get(row.name)
         if task is None:
@@ -803,7 +800,7 @@ class Worker:
         except Exception as exc:
             tlog.error("task.dead_lettered", reason="undecodable payload", error=str(exc))
             self.metrics.dead_lettered(row.name, row.queue, "undecodable payload")
-            self._settle(self._failure(row, Status.DEAD, f"cannot decode payload: {exc}"))
+            self._settle(outcomes.not_run(row, Status.DEAD, f"cannot decode payload: {exc}"))
             task_signals.rejected(self, row, exc)
             return None
         store = not (
@@ -850,26 +847,9 @@ class Worker:
             error = f"unregistered task {row.name!r} (worker {self.id})"
             self._settle(Release(row.id, row.attempt, self.settings.unknown_task_delay, error))
             return
-        error = (
-            f"NotRegistered: no live worker consuming queue {row.queue!r} has registered "
-            f"task {row.name!r}; import its module in the worker (include=, imports or "
-            f"autodiscover_tasks), then requeue it"
-        )
-        tlog.error("task.dead_lettered", reason="unregistered task", error=error)
+        failure = outcomes.unregistered(row)
+        tlog.error("task.dead_lettered", reason="unregistered task", error=failure.error)
         self.metrics.dead_lettered(row.name, row.queue, "unregistered task")
-        stored = encode(exception_to_dict(NotRegistered(row.name)), "json")
-        failure = Failure(
-            row.id,
-            row.attempt,
-            Status.DEAD,
-            error,
-            None,
-            True,
-            stored.content_type,
-            stored.data,
-            None,
-            followups=chord_member(row.headers),
-        )
         self._settle(failure)
 
     def _decode(self, row: ClaimedTask) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -899,9 +879,6 @@ class Worker:
         if entry is None:
             return
         row = entry.task
-        started = datetime.fromtimestamp(o.started, tz=timezone.utc)
-        result = o.result.data if o.result else None
-        content_type = o.result.content_type if o.result else "application/json"
         final: Final
         if o.kind == ex.SUCCESS:
             # The common case, kept to what it needs: logged only where INFO is on.
@@ -909,141 +886,24 @@ class Worker:
                 TaskLog(self.log, row, self._levels).info(
                     "task.succeeded", duration=round(o.runtime, 6)
                 )
-            final = Success(
-                row.id,
-                row.attempt,
-                o.result is not None,
-                content_type,
-                result,
-                started,
-                followups=o.extra.get("followups"),
-            )
+            final = outcomes.succeeded(row, o)
         else:
-            final = self._unsuccessful(entry, o, started, result, content_type)
+            final, note = outcomes.unsuccessful(
+                row,
+                o,
+                terminated=entry.terminated is not None,
+                max_lost_attempts=self.settings.max_lost_attempts,
+            )
+            note.emit(TaskLog(self.log, row, self._levels))
         if self.metrics.enabled:
             self._count(row, o, final)
         self.completer.put(final)
 
-    def _unsuccessful(
-        self,
-        entry: InFlight,
-        o: ex.Outcome,
-        started: datetime,
-        result: bytes | None,
-        content_type: str,
-    ) -> Final:
-        """The final state of a run that did not simply succeed."""
-        row = entry.task
-        tlog = TaskLog(self.log, row, self._levels)
-        final: Final
-        if o.kind == ex.IGNORED:
-            # Celery stores no outcome for Ignore: the result keeps showing the task as
-            # started, never ready. The row still finishes, so nothing runs it again.
-            tlog.info("task.ignored", duration=round(o.runtime, 6))
-            final = Success(row.id, row.attempt, True, content_type, None, started, state="IGNORED")
-        elif o.kind == ex.FAILURE:
-            status = Status.DEAD if o.retries_exhausted else Status.FAILED
-            if entry.terminated is not None:
-                # Stopped by revoke(terminate=True): the write below records it CANCELLED.
-                tlog.info("task.terminated", error=o.error, duration=round(o.runtime, 6))
-            else:
-                tlog.error(
-                    "task.dead_lettered" if status == Status.DEAD else "task.failed",
-                    error=o.error,
-                    duration=round(o.runtime, 6),
-                    args=row.headers.get("argsrepr"),
-                    kwargs=row.headers.get("kwargsrepr"),
-                )
-            final = Failure(
-                row.id,
-                row.attempt,
-                status,
-                o.error or "failed",
-                o.traceback,
-                o.result is not None,
-                content_type,
-                result,
-                started,
-                followups=o.extra.get("followups"),
-            )
-        elif o.kind == ex.RETRY:
-            when = o.retry_when
-            eta = when if isinstance(when, datetime) else None
-            delay = 0.0 if isinstance(when, datetime) or when is None else float(when)
-            tlog.warning(
-                "task.retry_scheduled",
-                retry_delay=delay,
-                eta=str(eta) if eta else None,
-                error=o.error,
-            )
-            final = RetryAt(
-                row.id,
-                row.attempt,
-                row.retries + 1,
-                delay,
-                eta,
-                o.error,
-                o.traceback,
-                "retry",
-                started,
-                result=result,
-                content_type=content_type,
-            )
-        elif o.kind == ex.REJECT_REQUEUE:
-            tlog.warning("task.rejected", requeue=True, error=o.error)
-            final = RetryAt(
-                row.id,
-                row.attempt,
-                row.retries,
-                0.0,
-                None,
-                o.error,
-                o.traceback,
-                "rejected",
-                started,
-            )
-        else:  # LOST: the process running it died
-            lost = row.attempt - row.requeued_attempt - row.retries
-            if lost >= self.settings.max_lost_attempts:
-                tlog.error("task.dead_lettered", reason="worker lost", error=o.error)
-                final = Failure(
-                    row.id,
-                    row.attempt,
-                    Status.DEAD,
-                    f"worker lost: {o.error}",
-                    None,
-                    False,
-                    content_type,
-                    None,
-                    started,
-                    followups=chord_member(row.headers),
-                )
-            else:
-                delay = min(2.0**lost, 60.0)
-                tlog.warning(
-                    "task.retry_scheduled", reason="worker lost", retry_delay=delay, error=o.error
-                )
-                final = RetryAt(
-                    row.id,
-                    row.attempt,
-                    row.retries,
-                    delay,
-                    None,
-                    f"worker lost: {o.error}",
-                    None,
-                    "lost",
-                    started,
-                )
-        return final
-
     def _count(self, row: ClaimedTask, o: ex.Outcome, final: Final) -> None:
         """Record a run's outcome in the metrics (a no-op without --metrics-port)."""
-        dead = isinstance(final, Failure) and final.status == Status.DEAD
-        outcome = _OUTCOMES.get(o.kind, "lost")
-        if dead:
-            outcome = "dead_lettered"
-            reason = "worker lost" if o.kind == ex.LOST else "retries exhausted"
-            self.metrics.dead_lettered(row.name, row.queue, reason)
+        outcome, dead = outcomes.metric_outcome(o.kind, final)
+        if dead is not None:
+            self.metrics.dead_lettered(row.name, row.queue, dead)
         self.metrics.finished(row.name, row.queue, outcome, o.runtime, o.error or "")
         self.metrics.active(len(self._inflight))
 
@@ -1052,23 +912,6 @@ class Worker:
         with self._lock:
             self._inflight.finishing(final.id, final.attempt)
         self.completer.put(final)
-
-    def _failure(self, row: ClaimedTask, status: str, error: str) -> Failure:
-        """A row that ends without running; its chord counts it, where its headers can say
-        which (headers that are not a JSON object are dead-lettered as such: _well_formed)."""
-        headers = row.headers if isinstance(row.headers, dict) else {}
-        return Failure(
-            row.id,
-            row.attempt,
-            status,
-            error,
-            None,
-            False,
-            "application/json",
-            None,
-            None,
-            followups=chord_member(headers),
-        )
 
     def _written(self, item: Final, status: str | None) -> None:
         """Called by the completer after the fenced write."""
@@ -1306,14 +1149,3 @@ class TaskLog:
 
     def error(self, event: str, **kw: Any) -> None:
         self._logger().error(event, **kw)
-
-
-#: Metric outcome of each run kind (LOST rows are counted as retried or dead-lettered).
-_OUTCOMES = {
-    ex.SUCCESS: "succeeded",
-    ex.FAILURE: "failed",
-    ex.RETRY: "retried",
-    ex.REJECT_REQUEUE: "rejected",
-    ex.IGNORED: "ignored",
-    ex.LOST: "retried",
-}
