@@ -38,6 +38,7 @@ from pgtasks.worker.floors import Floors
 from pgtasks.worker.inflight import InFlightBook
 from pgtasks.worker.lease import LeaseKeeper
 from pgtasks.worker.listener import Listener, RunHere
+from pgtasks.worker.parking import Parking
 from pgtasks.worker.pools import ThreadPool
 from pgtasks.worker.pools import create as create_pool
 from pgtasks.worker.prefetch import AdaptivePrefetch
@@ -51,9 +52,6 @@ log = structlog.get_logger("pgtasks")
 class Worker:
     """One ``pgtasks worker`` process."""
 
-    #: How long a park lasts at least (database clock; three polls where polls are slower). An
-    #: idle worker parks again after a third of it.
-    PARK_SECONDS = 5.0
     #: Seconds a starting worker waits for its listener to listen before it first claims.
     LISTEN_FIRST_WAIT = 2.0
 
@@ -142,28 +140,19 @@ class Worker:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._cold = threading.Event()
-        # Direct hand-off (see Broker.park): whether the listener listens (hand-offs reach us
-        # only then), whether this worker is parked and since when, and how many tasks were
-        # handed to it (a park that raced a hand-off is not counted as parked).
+        # Direct hand-off (see Broker.park): hand-offs reach this worker only while its
+        # listener listens.
         self.handoff = self.listen and s.handoff and not burst
-        self._listening = False
-        # Set once the listener first listens: the loop waits for it (a little) before its
-        # first claim, so that a revoke of a task it claims at once reaches it by NOTIFY.
-        self._first_listen = threading.Event()
-        self._heard_before = False
-        self._parked = False
-        self._parked_at = 0.0
-        self._handoffs = 0
-        # When this worker's row in parked_workers (a park, with or without hand-offs, or the
-        # wake-ups kept after one) was last made current: enqueues notify while it is.
-        self._waking_at = 0.0
-        self.park_seconds = max(self.PARK_SECONDS, 3 * self.poll_interval)
-        # A park given up unused (the worker claimed work the usual way) is two statements for
-        # nothing: under a steady flow of bulk enqueues that would be two per batch. So each
-        # such park doubles the wait before the next one (up to a second), and a hand-off,
-        # which shows parks are used, resets it.
-        self._park_backoff = 0.0
-        self._park_not_before = 0.0
+        #: This worker's park in parked_workers, and the hand-offs it brought.
+        self.parking = Parking(
+            app,
+            self.id,
+            self.queues,
+            self.lease,
+            poll_interval=self.poll_interval,
+            handoff=self.handoff,
+            log=self.log,
+        )
         self.ready = threading.Event()
         self.processed = 0
 
@@ -253,7 +242,7 @@ class Worker:
             # A revoke sent before the listener listens is heard only at the next renewal
             # (a third of the lease): claim nothing until it listens, unless it cannot
             # connect soon (the claims then meet the same trouble, and say so).
-            self._first_listen.wait(self.LISTEN_FIRST_WAIT)
+            self.parking.wait_listening(self.LISTEN_FIRST_WAIT)
         self._install_signals()
         self.log.info(
             "worker.started",
@@ -288,7 +277,7 @@ class Worker:
         """Seconds an idle worker now waits before it parks again: each park given up unused
         (the worker claimed the usual way while parked) doubles it, up to a second; a hand-off,
         which shows parks are used, resets it to 0."""
-        return self._park_backoff
+        return self.parking.backoff
 
     def stop(self, cold: bool = False) -> None:
         """Stop claiming; finish what runs (warm) or stop now (cold)."""
@@ -391,12 +380,9 @@ class Worker:
                 if job is not None:
                     self._buffer.append(job)
             self._start_buffered()
-            if claimed and self._parked:
-                # Busy again: a task handed here now would wait behind these. Enqueues still
-                # wake it for a while, as its slots may free up before it parks again.
-                self._unpark(waking=True)
-                self._park_backoff = min(1.0, max(0.01, self._park_backoff * 2))
-                self._park_not_before = time.monotonic() + self._park_backoff
+            if claimed:
+                # Busy again: a task handed here now would wait behind these.
+                self.parking.busy()
             if taken >= want:
                 # Full (rows blocked by a concurrency limit included): more may be due.
                 continue
@@ -404,7 +390,11 @@ class Worker:
                 self.log.info("worker.idle", reason="burst mode: no task left in its queues")
                 self._stopping.set()
                 break
-            if self._park(hand_off=not taken):
+            if (
+                not self._stopping.is_set()
+                and self.pool.free_slots() > 0
+                and self.parking.park(self._rate_intervals, hand_off=not taken)
+            ):
                 # Enqueues that found no worker waiting as this one parked have committed:
                 # claim once more for their rows (later ones notify).
                 continue
@@ -473,60 +463,6 @@ class Worker:
 
     # -- direct hand-off -----------------------------------------------------------------------
 
-    def _park(self, hand_off: bool = True) -> bool:
-        """A slot is free and the last claim left it free: wait in parked_workers, so that
-        enqueues of due tasks notify this worker (they notify only while a worker waits), and
-        where ``hand_off`` (nothing was due) let the next single enqueue of a task that can
-        start now hand it straight here (see Broker.park). Renewed while idle. True when a
-        park was written: the caller claims once more."""
-        if not self.listen or not self._listening or self._stopping.is_set():
-            return False
-        if self.pool.free_slots() <= 0:
-            return False
-        now = time.monotonic()
-        renew = self.park_seconds / 3
-        hand_off = hand_off and self.handoff and now >= self._park_not_before
-        if (self._parked or not hand_off) and now - self._waking_at < renew:
-            # Parked already, or waiting without hand-offs: only a row about to run out is
-            # written again.
-            return False
-        handoffs = self._handoffs
-        try:
-            self.app.broker.park(
-                self.id,
-                self.queues,
-                self.lease,
-                self.park_seconds,
-                list(self._rate_intervals()),
-                handoff=hand_off,
-            )
-        except psycopg.Error as exc:
-            self._parked = False
-            self.log.warning("worker.db_unavailable", during="park", error=str(exc).strip())
-            return False
-        # A task handed here while the statement ran has used this park up already.
-        used = handoffs != self._handoffs
-        self._parked = hand_off and not used
-        self._parked_at = now
-        self._waking_at = 0.0 if used else now
-        return True
-
-    def _unpark(self, waking: bool = False) -> bool:
-        """No more hand-offs here (and, unless ``waking``, no more wake-ups); False when the
-        database could not be told."""
-        self._parked = False
-        if not waking:
-            self._waking_at = 0.0
-        try:
-            self.app.broker.unpark(self.id, self.park_seconds if waking else None)
-        except psycopg.Error as exc:
-            # The park runs out by itself; a task handed here meanwhile still runs here.
-            self.log.warning("worker.db_unavailable", during="unpark", error=str(exc).strip())
-            return False
-        if waking:
-            self._waking_at = time.monotonic()
-        return True
-
     def _handed(self, payload: str, here: bool = False) -> RunHere | None:
         """A hand-off (on the listener's thread): an enqueue names a task it wrote for this
         worker. The notification is only a hint, which any role that can connect could send:
@@ -534,11 +470,7 @@ class Worker:
         what that claim gave it. With ``here``, a task that can start at once is returned
         instead, to run on that thread."""
         run: RunHere | None = None
-        self._handoffs += 1
-        # A hand-off takes this worker's row.
-        self._parked = False
-        self._waking_at = 0.0
-        self._park_backoff = self._park_not_before = 0.0
+        self.parking.handed()
         ids = handed_ids(payload)
         if not ids:
             self.log.warning("worker.handoff_ignored", reason="not a list of task ids")
@@ -592,21 +524,14 @@ class Worker:
         """The listener (re)connected, or lost its connection: tasks handed here while it
         did not listen were never heard of, so they are looked up now, and no park is made
         while it cannot hear."""
-        self._listening = listening
-        if listening:
-            self._first_listen.set()
+        adopt = self.parking.listening_changed(listening)
         if not listening:
-            if self._parked or self._waking_at:
-                self._unpark()
             return
         # Notifications (and hand-offs) can be heard now: an idle loop parks at once rather
         # than at its next poll (its last claim found nothing but could not park while nothing
         # listened).
         self._wake.set()
-        if not self.handoff:
-            return
-        if not self._heard_before:
-            self._heard_before = True
+        if not adopt:
             return
         try:
             self._adopt()
@@ -1066,7 +991,7 @@ class Worker:
         SignalRelay(handler, (signal.SIGTERM, signal.SIGINT), name="worker-signals").install()
 
     def _shutdown(self, threads: list[Any]) -> None:
-        if self._parked_at and self._unpark():
+        if self.parking.ever_parked and self.parking.unpark():
             # No more hand-offs; one made before the unpark is committed once it returns, and
             # handed back here (or by the listener, if it hears of it first).
             self._adopt()
