@@ -17,12 +17,12 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pgtasks import exceptions, tracing
-from pgtasks.canvas import after_failure, after_success, chord_member, has_followups
 from pgtasks.request import Request
 from pgtasks.result import exception_to_dict
 from pgtasks.serialization import Encoded, EncodeError, encode
 from pgtasks.utils.state import pop_task, push_task
 from pgtasks.worker import task_signals, timelimits
+from pgtasks.worker.followups import after_failure, after_success, chord_member, has_followups
 
 if TYPE_CHECKING:
     from pgtasks.app import Celery

@@ -13,7 +13,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 from pgtasks.broker import Failure, RetryAt, Success
-from pgtasks.canvas import chord_member
 from pgtasks.exceptions import NotRegistered
 from pgtasks.message import ClaimedTask
 from pgtasks.result import exception_to_dict
@@ -21,6 +20,7 @@ from pgtasks.serialization import encode
 from pgtasks.states import Status
 from pgtasks.worker import execute as ex
 from pgtasks.worker.completer import Final
+from pgtasks.worker.followups import chord_member
 
 #: The longest wait before a row whose worker was lost runs again, in seconds.
 LOST_DELAY_MAX = 60.0

@@ -238,11 +238,11 @@ def hard_limit_outcome(app: Celery, job: Job, limit: float, started: float) -> O
     """The outcome of a call whose process was killed at its hard limit: a FAILURE with
     ``TimeLimitExceeded``, stored like any other task error, with the call's errbacks and chain
     or chord follow-ups planned here in the worker (as Celery's main process does)."""
-    from pgtasks.canvas import after_failure
     from pgtasks.request import Request
     from pgtasks.result import exception_to_dict
     from pgtasks.serialization import encode
     from pgtasks.worker.execute import FAILURE, Outcome
+    from pgtasks.worker.followups import after_failure
 
     exc = TimeLimitExceeded(limit)
     message = f"TimeLimitExceeded: hard time limit ({limit:g}s) exceeded"

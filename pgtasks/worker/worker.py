@@ -22,7 +22,7 @@ import structlog
 from pgtasks import migrate as migrations
 from pgtasks import ratelimits, signals, utils
 from pgtasks.broker import Release, handed_ids, handoff_channel
-from pgtasks.canvas import chord_body_builder, register_builtins
+from pgtasks.canvas import register_builtins
 from pgtasks.maintenance import Maintenance, Pruner, Reclaimer
 from pgtasks.message import OVERSIZE_PAYLOAD, ClaimedTask, malformed
 from pgtasks.metrics import NullMetrics
@@ -35,6 +35,7 @@ from pgtasks.worker import execute as ex
 from pgtasks.worker import outcomes, task_signals, timelimits
 from pgtasks.worker.completer import Completer, Final
 from pgtasks.worker.floors import Floors
+from pgtasks.worker.followups import chord_body_builder
 from pgtasks.worker.inflight import InFlightBook
 from pgtasks.worker.lease import LeaseKeeper
 from pgtasks.worker.listener import Listener, RunHere
