@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from pgtasks.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
+from pgtasks.worker import loop as runtime
 
 if TYPE_CHECKING:
     from pgtasks.app import Celery
@@ -195,10 +196,8 @@ def _alarm(seconds: float) -> Iterator[None]:
 
 def _on_loop(thread_id: int) -> bool:
     """An ``async def`` call awaiting on the thread's event loop gets the limit where it awaits
-    (``task.soft_limit_on_loop``); True when it was delivered so."""
-    from pgtasks import task
-
-    return task.soft_limit_on_loop(thread_id)
+    (``loop.soft_limit_on_loop``); True when it was delivered so."""
+    return runtime.soft_limit_on_loop(thread_id)
 
 
 _set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
