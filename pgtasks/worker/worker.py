@@ -20,7 +20,7 @@ import psycopg
 import structlog
 
 from pgtasks import migrate as migrations
-from pgtasks import ratelimits, signals, utils
+from pgtasks import ratelimits, signals
 from pgtasks.broker import Release, handed_ids, handoff_channel
 from pgtasks.canvas import register_builtins
 from pgtasks.maintenance import Maintenance, Pruner, Reclaimer
@@ -33,6 +33,7 @@ from pgtasks.states import Status
 from pgtasks.utils.signal_relay import SignalRelay
 from pgtasks.worker import execute as ex
 from pgtasks.worker import outcomes, task_signals, timelimits
+from pgtasks.worker.cancels import Cancels
 from pgtasks.worker.completer import Completer, Final
 from pgtasks.worker.floors import Floors
 from pgtasks.worker.followups import chord_body_builder
@@ -187,6 +188,7 @@ class Worker:
             worker_id=self.id,
         )
         self.pool.on_start = self._started
+        self.cancels = Cancels(app, self.id, self.pool, self._inflight, self._lock, self.log)
         self._warn_unenforced_limits()
         self._warn_autovacuum_off()
         if self.freeze_gc:
@@ -204,7 +206,7 @@ class Worker:
         self.completer.metrics = self.metrics
         self.completer.keep_finished = s.finished_task_retention > 0
         self.leases = LeaseKeeper(
-            broker, self.id, self.lease, self._owned, self._lost, self._cancel
+            broker, self.id, self.lease, self._owned, self._lost, self.cancels.renewed
         )
         self.leases.metrics = self.metrics
         reclaimer = Reclaimer(broker, s.max_lost_attempts, self.completer.chord_ready)
@@ -223,7 +225,7 @@ class Worker:
                 broker,
                 set(self.queues),
                 self._wake,
-                on_cancel=self._notified_cancel,
+                on_cancel=self.cancels.notified,
                 handoffs=handoff_channel(broker.schema, self.id) if self.handoff else None,
                 on_handoff=self._handed,
                 on_listening=self._on_listening,
@@ -660,8 +662,8 @@ class Worker:
                 )
                 self._wake.set()
                 return False
-            # Under the lock, as _flag_cancelled sets cancel_requested: a revoke either finds
-            # the call running (and _terminate stops it where the pool can) or is seen here.
+            # Under the lock, as Cancels.flag sets cancel_requested: a revoke either finds the
+            # call running (and Cancels.terminate stops it where the pool can) or is seen here.
             with self._lock:
                 revoked = entry.cancel_requested
                 entry.running = not revoked
@@ -891,76 +893,6 @@ class Worker:
             attempt=attempt,
             action="the task keeps running here but its outcome will be discarded",
         )
-
-    def _cancel(self, task_id: str) -> None:
-        """A renewal found ``task_id`` revoked (the fallback for a lost notification)."""
-        if self._flag_cancelled(task_id, "renewal"):
-            signal_name = self.app.broker.revoke_signal(task_id)
-            if signal_name:
-                self._terminate(task_id, signal_name)
-
-    def _notified_cancel(self, task_id: str, signal_name: str | None) -> None:
-        """The cancel channel says ``task_id`` was revoked (for whichever worker runs it). A
-        notification is only a hint, which any role that can connect could send: the row
-        decides whether the task was revoked, and with which signal (``signal_name``, what
-        the notification says, is not used)."""
-        with self._lock:
-            entry = self._inflight.get(task_id)
-            if entry is None or entry.cancel_requested or entry.finishing:
-                return
-            attempt = entry.task.attempt
-        try:
-            revoked, stored = self.app.broker.cancel_state(self.id, task_id, attempt)
-        except psycopg.Error as exc:
-            # The next renewal reads the same row.
-            self.log.warning("worker.db_unavailable", during="cancel", error=str(exc).strip())
-            return
-        if not revoked:
-            self.log.warning(
-                "worker.cancel_ignored",
-                task_id=task_id,
-                reason="a notification said the task was revoked; its row does not",
-            )
-            return
-        if self._flag_cancelled(task_id, "notify") and stored:
-            self._terminate(task_id, stored)
-
-    def _flag_cancelled(self, task_id: str, via: str) -> bool:
-        """Mark a running task revoked; True the first time (it runs here, not finished)."""
-        with self._lock:
-            entry = self._inflight.get(task_id)
-            if entry is None or entry.cancel_requested or entry.finishing:
-                return False
-            entry.cancel_requested = True
-        self.log.info("task.cancel_requested", task_id=task_id, via=via)
-        return True
-
-    def _terminate(self, task_id: str, signal_name: str) -> None:
-        """``revoke(terminate=True)``: stop the task's process where the pool has one."""
-        try:
-            signum = utils.parse_signal(signal_name)
-        except ValueError as exc:
-            self.log.warning("task.terminate_refused", task_id=task_id, error=str(exc))
-            return
-        with self._lock:
-            entry = self._inflight.get(task_id)
-            if entry is not None:
-                if not entry.running:
-                    # Still waiting for its slot: _started discards it before it runs.
-                    return
-                entry.terminated = signum
-        if not self.pool.terminate(task_id, signum):
-            with self._lock:
-                if entry is not None:
-                    entry.terminated = None
-            self.log.warning(
-                "task.terminate_unsupported",
-                task_id=task_id,
-                pool=self.pool.name,
-                hint="only the prefork pool (and the asyncio pool, for async def tasks) can "
-                "stop a running task; here it runs to its end, cannot record success, and sees "
-                "request.cancelled",
-            )
 
     # -- stopping ------------------------------------------------------------------------------
 
