@@ -13,14 +13,13 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 import structlog
 
 from pgtasks import migrate as migrations
-from pgtasks import ratelimits, signals
+from pgtasks import signals
 from pgtasks.broker import Release, handed_ids, handoff_channel
 from pgtasks.canvas import register_builtins
 from pgtasks.maintenance import Maintenance, Pruner, Reclaimer
@@ -34,8 +33,8 @@ from pgtasks.utils.signal_relay import SignalRelay
 from pgtasks.worker import execute as ex
 from pgtasks.worker import outcomes, task_signals, timelimits
 from pgtasks.worker.cancels import Cancels
+from pgtasks.worker.claims import Claims
 from pgtasks.worker.completer import Completer, Final
-from pgtasks.worker.floors import Floors
 from pgtasks.worker.followups import chord_body_builder
 from pgtasks.worker.inflight import InFlightBook
 from pgtasks.worker.lease import LeaseKeeper
@@ -124,23 +123,18 @@ class Worker:
         self.prefetch_extra = self.concurrency * max(0, multiplier - 1)
         #: Sizes the adaptive buffer from the run times of the calls that ended.
         self.prefetch = AdaptivePrefetch(self.concurrency, s.prefetch_window)
-        # Registered tasks with a rate limit (see _rate_intervals), for a registry of that size.
-        self._rates: tuple[int, dict[str, float]] | None = None
-        # How many due rows the next claim reads (0: as many as it claims); see _claim.
-        self._scan = 0
         self._buffer: deque[ex.Job] = deque()
         self.log = log.bind(worker_id=self.id)
         self._read_levels()
         self._inflight = InFlightBook()
         self._backpressure = False
-        self._claim_conn: psycopg.Connection[Any] | None = None
-        # The claim connection is the loop's, and the listener's for the rows a hand-off names.
-        self._claim_lock = threading.Lock()
-        #: Where claims start in each priority band once full claims are slow (see
-        #: pgtasks.worker.floors); its gate says when.
-        self.floors = Floors()
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        #: The worker's claims, on its claim connection.
+        self.claims = Claims(app, self.id, self.queues, self.lease, self._wake, self.log)
+        #: Where claims start in each priority band once full claims are slow (see
+        #: pgtasks.worker.floors); its gate says when.
+        self.floors = self.claims.floors
         self._stopping = threading.Event()
         self._cold = threading.Event()
         # Direct hand-off (see Broker.park): hand-offs reach this worker only while its
@@ -215,7 +209,7 @@ class Worker:
             reclaimer,
             Pruner(broker, s.finished_task_retention, s.result_expires),
             interval=min(max(self.lease / 3.0, 0.2), 10.0),
-            probe=self._probe_floors,
+            probe=self.claims.probe_floors,
         )
         threads: list[Any] = [self.completer, self.leases, self.maintenance]
         if self.beat:
@@ -360,7 +354,7 @@ class Worker:
             self._wake.clear()
             blocked = False
             try:
-                claimed, taken = self._claim(want)
+                claimed, taken = self.claims.claim(want, self._debug)
                 blocked = taken > len(claimed)
                 backoff = 0.1
                 self.prefetch.claimed(want, taken)
@@ -397,73 +391,12 @@ class Worker:
             if (
                 not self._stopping.is_set()
                 and self.pool.free_slots() > 0
-                and self.parking.park(self._rate_intervals, hand_off=not taken)
+                and self.parking.park(self.claims.rate_intervals, hand_off=not taken)
             ):
                 # Enqueues that found no worker waiting as this one parked have committed:
                 # claim once more for their rows (later ones notify).
                 continue
             self._wake.wait(self.poll_interval)
-
-    @contextlib.contextmanager
-    def _claiming(self) -> Iterator[psycopg.Connection[Any] | None]:
-        """The claim connection (see Broker.claim_connection), held for one claim; None where
-        the broker keeps no connections of its own (claims then take the pool's). A broken
-        connection is closed, and the next claim opens a new one."""
-        broker = self.app.broker
-        with self._claim_lock:
-            conn = None
-            if broker.own_connections:
-                conn = self._claim_conn
-                if conn is None or conn.closed:
-                    conn = self._claim_conn = broker.claim_connection()
-            try:
-                yield conn
-            except psycopg.OperationalError:
-                if conn is not None:
-                    with contextlib.suppress(psycopg.Error):
-                        conn.close()
-                    self._claim_conn = None
-                raise
-
-    def _claim(self, want: int) -> tuple[list[ClaimedTask], int]:
-        """Claim up to ``want`` rows, on the worker's claim connection where there is one
-        (see Broker.claim_connection); with how many the claim took, blocked ones included."""
-        broker = self.app.broker
-        floors = self.floors
-        plan = floors.plan(self.queues)
-        rates = self._rate_intervals()
-        with self._claiming() as conn:
-            started = time.perf_counter()
-            rows = broker.claim_all(
-                self.id, self.queues, want, self.lease, conn, plan, rates, self._scan
-            )
-            elapsed = time.perf_counter() - started
-        claimed = [row for row in rows if row.set_aside is None]
-        waiting = [row for row in rows if row.set_aside == Status.PENDING] if rates else []
-        # Rows waiting for a rate limit's start time: read further next time, so that a
-        # backlog of them leaves the due rows in a few claims.
-        self._scan = min(1000, max(self._scan, want) * 4) if waiting else 0
-        if self._debug:
-            for row in waiting:
-                self.log.debug(
-                    "task.rate_limited", task_id=row.id, task_name=row.name, eta=row.run_at
-                )
-        was_active = floors.active
-        floors.record(plan, claimed, elapsed, time.monotonic())
-        if floors.active != was_active:
-            claim_ms = round(elapsed * 1000, 1)
-            if floors.active:
-                self.log.info(
-                    "worker.claim_floors",
-                    state="on",
-                    claim_ms=claim_ms,
-                    hint="full claims are slow, as when a long transaction holds back vacuum: "
-                    "claims start where this worker's last ones ended, with a full claim now "
-                    "and then (see docs/operating.md)",
-                )
-            else:
-                self.log.info("worker.claim_floors", state="off", claim_ms=claim_ms)
-        return claimed, len(rows)
 
     # -- direct hand-off -----------------------------------------------------------------------
 
@@ -480,10 +413,7 @@ class Worker:
             self.log.warning("worker.handoff_ignored", reason="not a list of task ids")
         elif not self._stopping.is_set():
             try:
-                with self._claiming() as conn:
-                    rows = self.app.broker.claim_handed(
-                        self.id, ids, self.queues, self.lease, conn, self._rate_intervals()
-                    )
+                rows = self.claims.claim_handed(ids)
                 if len(rows) < len(ids) and self._debug:
                     found = {row.id for row in rows}
                     self.log.debug(
@@ -558,22 +488,6 @@ class Worker:
             self.log.info("worker.adopted", tasks=[row.id for row in rows])
             self._take(rows)
 
-    def _probe_floors(self) -> None:
-        """While claims start from floors, look for due rows behind them now and then (see
-        pgtasks.worker.floors); on the maintenance thread, off the claim path."""
-        floors = self.floors
-        plan = floors.probe_plan(self.queues, time.monotonic())
-        if plan is None:
-            return
-        started = time.perf_counter()
-        behind = self.app.broker.behind_floors(plan)
-        elapsed = time.perf_counter() - started
-        floors.probe_done(behind, elapsed, time.monotonic())
-        if not floors.active:
-            self.log.info("worker.claim_floors", state="off", probe_ms=round(elapsed * 1000, 1))
-        if behind:
-            self._wake.set()
-
     def _well_formed(self, claimed: list[ClaimedTask]) -> list[ClaimedTask]:
         """The claimed rows that can run as written (see pgtasks.message.malformed). Anyone
         who may insert a row writes every column of it: a row whose headers did not read or
@@ -601,32 +515,6 @@ class Worker:
         if reason == OVERSIZE_PAYLOAD:
             # As for a payload that does not decode (see _accept).
             task_signals.rejected(self, row, DecodeError(error))
-
-    def _rate_intervals(self) -> dict[str, float]:
-        """Each registered task with a rate limit, and the seconds between its starts: the
-        claim holds those tasks to their start times (see pgtasks.ratelimits)."""
-        if self.settings.disable_rate_limits:
-            return {}
-        tasks = self.app.tasks
-        if self._rates is None or self._rates[0] != len(tasks):
-            rates: dict[str, float] = {}
-            for name, task in list(tasks.items()):
-                try:
-                    every = self._rate_interval(task)
-                except (TypeError, ValueError) as exc:
-                    # Checked when the task is defined; a value set on it since is not held.
-                    self.log.error(
-                        "worker.loop_error", during="rate limit", task_name=name, error=str(exc)
-                    )
-                    continue
-                if every is not None:
-                    rates[name] = every
-            self._rates = (len(tasks), rates)
-        return self._rates[1]
-
-    def _rate_interval(self, task: Any) -> float | None:
-        limit = task.rate_limit if task.rate_limit is not None else self.settings.default_rate_limit
-        return ratelimits.interval(limit)
 
     def _start_buffered(self) -> None:
         """Hand every claimed job to the pool, which starts each as a slot frees up."""
@@ -948,9 +836,7 @@ class Worker:
                 thread.stop()
         for thread in threads:
             thread.join(timeout=2.0)
-        if self._claim_conn is not None:
-            with contextlib.suppress(psycopg.Error):
-                self._claim_conn.close()
+        self.claims.close()
         with contextlib.suppress(psycopg.Error):
             self.app.broker.unregister_worker(self.id)
         self.metrics.stop()
