@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import structlog
 
-from pgtasks import migrate as migrations
 from pgtasks import signals
 from pgtasks.broker import Release, handed_ids, handoff_channel
 from pgtasks.canvas import register_builtins
@@ -31,7 +30,7 @@ from pgtasks.serialization import DecodeError, decode
 from pgtasks.states import Status
 from pgtasks.utils.signal_relay import SignalRelay
 from pgtasks.worker import execute as ex
-from pgtasks.worker import outcomes, task_signals, timelimits
+from pgtasks.worker import outcomes, startup, task_signals, timelimits
 from pgtasks.worker.cancels import Cancels
 from pgtasks.worker.claims import Claims
 from pgtasks.worker.completer import Completer, Final
@@ -162,7 +161,7 @@ class Worker:
         app.import_includes()
         app.finalize()
         register_builtins(app)  # map, starmap and chunks run as Celery's built-in tasks
-        self._prepare_schema()
+        startup.prepare_schema(app, self.migrate, self.log)
         signals.celeryd_after_setup.send(sender=self.hostname, instance=self, conf=app.conf)
         broker = app.broker
         broker.min_size = max(broker.min_size, 4)
@@ -183,8 +182,8 @@ class Worker:
         )
         self.pool.on_start = self._started
         self.cancels = Cancels(app, self.id, self.pool, self._inflight, self._lock, self.log)
-        self._warn_unenforced_limits()
-        self._warn_autovacuum_off()
+        startup.warn_unenforced_limits(app, self.pool.name, self.time_limit, self.log)
+        startup.warn_autovacuum_off(app, self.log)
         if self.freeze_gc:
             # Modules, tasks and settings live as long as the worker. Frozen, they are left
             # out of every collection: a full one walks only what the worker made since
@@ -283,47 +282,6 @@ class Worker:
             self._cold.set()
         self._stopping.set()
         self._wake.set()
-
-    def _warn_unenforced_limits(self) -> None:
-        """Hard time limits need a process to kill: say so when the pool runs threads."""
-        if self.pool.name == "prefork":
-            return
-        limited = [n for n, t in self.app.tasks.items() if getattr(t, "time_limit", None)]
-        if self.time_limit or limited:
-            self.log.warning(
-                "worker.time_limit_unenforced",
-                pool=self.pool.name,
-                time_limit=self.time_limit,
-                tasks=limited,
-                hint="hard time limits are enforced by the prefork pool only (a thread cannot "
-                "be killed); soft time limits still raise SoftTimeLimitExceeded",
-            )
-
-    def _warn_autovacuum_off(self) -> None:
-        """Every claim and outcome leaves a dead row version that only vacuum makes reusable:
-        say so when autovacuum is off for the queue's tables."""
-        try:
-            off = self.app.broker.autovacuum_off()
-        except psycopg.Error as exc:
-            self.log.debug("worker.autovacuum_unknown", error=str(exc).strip())
-            return
-        if off:
-            self.log.warning(
-                "worker.autovacuum_off",
-                schema=self.app.broker.schema,
-                hint="autovacuum is off on this server or for the queue's tables: their dead "
-                "rows are never reclaimed, so the tables grow for as long as tasks run and "
-                "claims slow down; turn it on, or VACUUM the tables often (see "
-                "docs/operating.md)",
-            )
-
-    def _prepare_schema(self) -> None:
-        s = self.app.settings
-        url = self.app.database_url
-        if self.migrate:
-            for m in migrations.migrate(url, s.schema_name):
-                self.log.info("schema.migrated", version=m.version, name=m.name)
-        migrations.check(url, s.schema_name)
 
     def _loop(self) -> None:
         backoff = 0.1
