@@ -26,11 +26,11 @@ from pgtasks.message import OVERSIZE_PAYLOAD, ClaimedTask, malformed
 from pgtasks.metrics import NullMetrics
 from pgtasks.metrics import create as create_metrics
 from pgtasks.scheduler import BeatService, Scheduler
-from pgtasks.serialization import DecodeError, decode
+from pgtasks.serialization import DecodeError
 from pgtasks.states import Status
 from pgtasks.utils.signal_relay import SignalRelay
 from pgtasks.worker import execute as ex
-from pgtasks.worker import outcomes, startup, task_signals, timelimits
+from pgtasks.worker import intake, outcomes, startup, task_signals
 from pgtasks.worker.cancels import Cancels
 from pgtasks.worker.claims import Claims
 from pgtasks.worker.completer import Completer, Final
@@ -571,39 +571,23 @@ class Worker:
             self._unknown(row, tlog)
             return None
         try:
-            args, kwargs = self._decode(row)
+            args, kwargs = intake.arguments(row, self.settings.accept_content)
         except Exception as exc:
             tlog.error("task.dead_lettered", reason="undecodable payload", error=str(exc))
             self.metrics.dead_lettered(row.name, row.queue, "undecodable payload")
             self._settle(outcomes.not_run(row, Status.DEAD, f"cannot decode payload: {exc}"))
             task_signals.rejected(self, row, exc)
             return None
-        store = not (
-            row.headers.get("ignore_result")
-            or task.ignore_result
-            or (task.ignore_result is None and self.settings.ignore_result)
-        )
-        hard, soft = timelimits.resolve(row.headers, task, self.time_limit, self.soft_time_limit)
-        job = ex.Job(
-            id=row.id,
-            name=row.name,
-            attempt=row.attempt,
-            retries=row.retries,
-            max_retries=row.max_retries,
-            args=args,
-            kwargs=kwargs,
-            queue=row.queue,
-            headers=row.headers,
-            eta=row.run_at,
-            expires=row.expires_at,
+        return intake.job_for(
+            row,
+            task,
+            args,
+            kwargs,
             hostname=self.id,
-            store_result=store,
-            result_serializer=row.headers.get("result_serializer")
-            or self.settings.result_serializer,
-            time_limit=hard,
-            soft_time_limit=soft,
+            settings=self.settings,
+            time_limit=self.time_limit,
+            soft_time_limit=self.soft_time_limit,
         )
-        return job
 
     def _unknown(self, row: ClaimedTask, tlog: TaskLog) -> None:
         """A row whose task name this worker has not registered.
@@ -626,19 +610,6 @@ class Worker:
         tlog.error("task.dead_lettered", reason="unregistered task", error=failure.error)
         self.metrics.dead_lettered(row.name, row.queue, "unregistered task")
         self._settle(failure)
-
-    def _decode(self, row: ClaimedTask) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        body = decode(
-            row.body, row.content_type, row.content_encoding, self.settings.accept_content
-        )
-        if not (
-            isinstance(body, (list, tuple))
-            and len(body) >= 2
-            and isinstance(body[0], (list, tuple))
-            and isinstance(body[1], dict)
-        ):
-            raise ValueError("payload is not [args, kwargs]")
-        return tuple(body[0]), dict(body[1])
 
     # -- outcomes ------------------------------------------------------------------------------
 
