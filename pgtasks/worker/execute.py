@@ -17,12 +17,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pgtasks import exceptions, tracing
-from pgtasks.canvas import after_failure, after_success, chord_member, has_followups
 from pgtasks.request import Request
 from pgtasks.result import exception_to_dict
 from pgtasks.serialization import Encoded, EncodeError, encode
 from pgtasks.utils.state import pop_task, push_task
+from pgtasks.worker import loop as runtime
 from pgtasks.worker import task_signals, timelimits
+from pgtasks.worker.followups import after_failure, after_success, chord_member, has_followups
 
 if TYPE_CHECKING:
     from pgtasks.app import Celery
@@ -149,12 +150,10 @@ async def execute_async(app: Celery, job: Job) -> Outcome:
     ``terminate=True`` (``terminate_coroutine``) cancels it, and the call fails with
     ``Terminated``. Any other cancellation (the pool stopping cold) is raised on.
     """
-    from pgtasks import task as tasks
-
     with tracing.consumer(job.name, job.id, job.headers, job.attempt) as span:
         steps = _steps(app, job)
         task = next(steps)
-        with tasks.running_on_loop(job.id, job.soft_time_limit) as terminated:
+        with runtime.running_on_loop(job.id, job.soft_time_limit) as terminated:
             try:
                 value = await task.run_on_loop(job.args, job.kwargs, job.soft_time_limit)
             except asyncio.CancelledError:

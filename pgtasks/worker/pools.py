@@ -35,6 +35,7 @@ import structlog
 
 from pgtasks import signals
 from pgtasks import task as task_module
+from pgtasks.worker import loop as runtime
 from pgtasks.worker import timelimits
 from pgtasks.worker.execute import FAILURE, LOST, Job, Outcome, execute, execute_async, unsent
 
@@ -180,7 +181,7 @@ class ThreadPool(Pool):
 
     def run_here(self, job: Job, done: Done) -> Callable[[], None] | None:
         # Plain functions only: an async def call runs on the event loop its thread keeps
-        # from call to call (see task.event_loop_per_thread), so it stays on the pool's.
+        # from call to call (see loop.event_loop_per_thread), so it stays on the pool's.
         if not self.runs_elsewhere or not self._runs_anywhere(job.name):
             return None
         # Only while no job waits in the queue: those were claimed first, and start first.
@@ -204,7 +205,7 @@ class ThreadPool(Pool):
 
     def thread_context(self) -> contextlib.AbstractContextManager[None]:
         """What a thread that runs this pool's jobs lives in."""
-        return task_module.event_loop_per_thread()
+        return runtime.event_loop_per_thread()
 
     def _run(self) -> None:
         with self.thread_context():
@@ -324,7 +325,7 @@ class AsyncioPool(_QueueAhead):
             target=self._run_loop, name="pgtasks-asyncio", daemon=True
         )
         self._loop_thread.start()
-        task_module.use_event_loop(self.loop)
+        runtime.use_event_loop(self.loop)
         # Tasks run in the worker's own process, which Celery announces the same way.
         signals.worker_process_init.send(sender=None)
 
@@ -391,7 +392,7 @@ class AsyncioPool(_QueueAhead):
                 finally:
                     self._loop_calls.discard(job.id)
                 if current is not None:
-                    task_module.forget_cancels(current)
+                    runtime.forget_cancels(current)
                 self._give()
                 done(outcome)
                 item = self._next_on_loop()
@@ -435,7 +436,7 @@ class AsyncioPool(_QueueAhead):
             thread.start()
 
     def _run_threaded(self) -> None:
-        with task_module.event_loop_per_thread():
+        with runtime.event_loop_per_thread():
             self._run_plain_jobs()
 
     def _run_plain_jobs(self) -> None:
@@ -467,8 +468,8 @@ class AsyncioPool(_QueueAhead):
     def _terminate_on_loop(self, task_id: str) -> None:
         """On the loop: cancel the call, or, where it was handed to the loop but its coroutine
         has yet to begin, have it cancelled as it begins."""
-        if task_id in self._loop_calls and not task_module.terminate_coroutine(task_id):
-            task_module.terminate_when_running(task_id)
+        if task_id in self._loop_calls and not runtime.terminate_coroutine(task_id):
+            runtime.terminate_when_running(task_id)
 
     def stop(self, wait: bool) -> None:
         if wait:
@@ -481,7 +482,7 @@ class AsyncioPool(_QueueAhead):
             self.take_waiting()
         for _ in self._threads:
             self._plain.put(None)
-        task_module.use_event_loop(None)
+        runtime.use_event_loop(None)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._loop_thread.join(timeout=5)
         if not self.loop.is_running():
@@ -563,7 +564,7 @@ def _child_main(app: Celery, conn: mpc.Connection, max_memory: int | None) -> No
     # Receivers connected at import in the parent were inherited by fork (Celery's contract).
     signals.worker_process_init.send(sender=None)
     try:
-        with task_module.event_loop_per_thread():
+        with runtime.event_loop_per_thread():
             _run_jobs(app, conn, max_memory)
     finally:
         signals.worker_process_shutdown.send(sender=None, pid=os.getpid(), exitcode=0)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from pgtasks.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
+from pgtasks.worker import loop as runtime
 
 if TYPE_CHECKING:
     from pgtasks.app import Celery
@@ -195,10 +196,8 @@ def _alarm(seconds: float) -> Iterator[None]:
 
 def _on_loop(thread_id: int) -> bool:
     """An ``async def`` call awaiting on the thread's event loop gets the limit where it awaits
-    (``task.soft_limit_on_loop``); True when it was delivered so."""
-    from pgtasks import task
-
-    return task.soft_limit_on_loop(thread_id)
+    (``loop.soft_limit_on_loop``); True when it was delivered so."""
+    return runtime.soft_limit_on_loop(thread_id)
 
 
 _set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
@@ -238,11 +237,11 @@ def hard_limit_outcome(app: Celery, job: Job, limit: float, started: float) -> O
     """The outcome of a call whose process was killed at its hard limit: a FAILURE with
     ``TimeLimitExceeded``, stored like any other task error, with the call's errbacks and chain
     or chord follow-ups planned here in the worker (as Celery's main process does)."""
-    from pgtasks.canvas import after_failure
     from pgtasks.request import Request
     from pgtasks.result import exception_to_dict
     from pgtasks.serialization import encode
     from pgtasks.worker.execute import FAILURE, Outcome
+    from pgtasks.worker.followups import after_failure
 
     exc = TimeLimitExceeded(limit)
     message = f"TimeLimitExceeded: hard time limit ({limit:g}s) exceeded"

@@ -13,37 +13,36 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 import structlog
 
-from pgtasks import migrate as migrations
-from pgtasks import ratelimits, signals, utils
-from pgtasks.broker import Failure, Release, RetryAt, Success, handed_ids, handoff_channel
-from pgtasks.canvas import chord_body_builder, chord_member, register_builtins
-from pgtasks.exceptions import NotRegistered
+from pgtasks import signals
+from pgtasks.broker import Release, handed_ids, handoff_channel
+from pgtasks.canvas import register_builtins
 from pgtasks.maintenance import Maintenance, Pruner, Reclaimer
 from pgtasks.message import OVERSIZE_PAYLOAD, ClaimedTask, malformed
 from pgtasks.metrics import NullMetrics
 from pgtasks.metrics import create as create_metrics
-from pgtasks.result import exception_to_dict
 from pgtasks.scheduler import BeatService, Scheduler
-from pgtasks.serialization import DecodeError, decode, encode
+from pgtasks.serialization import DecodeError
 from pgtasks.states import Status
 from pgtasks.utils.signal_relay import SignalRelay
 from pgtasks.worker import execute as ex
-from pgtasks.worker import task_signals, timelimits
+from pgtasks.worker import intake, outcomes, startup, task_signals
+from pgtasks.worker.cancels import Cancels
+from pgtasks.worker.claims import Claims
 from pgtasks.worker.completer import Completer, Final
-from pgtasks.worker.floors import Floors
-from pgtasks.worker.inflight import InFlight, InFlightBook
+from pgtasks.worker.followups import chord_body_builder
+from pgtasks.worker.inflight import InFlightBook
 from pgtasks.worker.lease import LeaseKeeper
 from pgtasks.worker.listener import Listener, RunHere
+from pgtasks.worker.parking import Parking
 from pgtasks.worker.pools import ThreadPool
 from pgtasks.worker.pools import create as create_pool
 from pgtasks.worker.prefetch import AdaptivePrefetch
+from pgtasks.worker.tasklog import TaskLog, log_enabled
 
 if TYPE_CHECKING:
     from pgtasks.app import Celery
@@ -54,9 +53,6 @@ log = structlog.get_logger("pgtasks")
 class Worker:
     """One ``pgtasks worker`` process."""
 
-    #: How long a park lasts at least (database clock; three polls where polls are slower). An
-    #: idle worker parks again after a third of it.
-    PARK_SECONDS = 5.0
     #: Seconds a starting worker waits for its listener to listen before it first claims.
     LISTEN_FIRST_WAIT = 2.0
 
@@ -126,47 +122,33 @@ class Worker:
         self.prefetch_extra = self.concurrency * max(0, multiplier - 1)
         #: Sizes the adaptive buffer from the run times of the calls that ended.
         self.prefetch = AdaptivePrefetch(self.concurrency, s.prefetch_window)
-        # Registered tasks with a rate limit (see _rate_intervals), for a registry of that size.
-        self._rates: tuple[int, dict[str, float]] | None = None
-        # How many due rows the next claim reads (0: as many as it claims); see _claim.
-        self._scan = 0
         self._buffer: deque[ex.Job] = deque()
         self.log = log.bind(worker_id=self.id)
         self._read_levels()
         self._inflight = InFlightBook()
         self._backpressure = False
-        self._claim_conn: psycopg.Connection[Any] | None = None
-        # The claim connection is the loop's, and the listener's for the rows a hand-off names.
-        self._claim_lock = threading.Lock()
-        #: Where claims start in each priority band once full claims are slow (see
-        #: pgtasks.worker.floors); its gate says when.
-        self.floors = Floors()
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        #: The worker's claims, on its claim connection.
+        self.claims = Claims(app, self.id, self.queues, self.lease, self._wake, self.log)
+        #: Where claims start in each priority band once full claims are slow (see
+        #: pgtasks.worker.floors); its gate says when.
+        self.floors = self.claims.floors
         self._stopping = threading.Event()
         self._cold = threading.Event()
-        # Direct hand-off (see Broker.park): whether the listener listens (hand-offs reach us
-        # only then), whether this worker is parked and since when, and how many tasks were
-        # handed to it (a park that raced a hand-off is not counted as parked).
+        # Direct hand-off (see Broker.park): hand-offs reach this worker only while its
+        # listener listens.
         self.handoff = self.listen and s.handoff and not burst
-        self._listening = False
-        # Set once the listener first listens: the loop waits for it (a little) before its
-        # first claim, so that a revoke of a task it claims at once reaches it by NOTIFY.
-        self._first_listen = threading.Event()
-        self._heard_before = False
-        self._parked = False
-        self._parked_at = 0.0
-        self._handoffs = 0
-        # When this worker's row in parked_workers (a park, with or without hand-offs, or the
-        # wake-ups kept after one) was last made current: enqueues notify while it is.
-        self._waking_at = 0.0
-        self.park_seconds = max(self.PARK_SECONDS, 3 * self.poll_interval)
-        # A park given up unused (the worker claimed work the usual way) is two statements for
-        # nothing: under a steady flow of bulk enqueues that would be two per batch. So each
-        # such park doubles the wait before the next one (up to a second), and a hand-off,
-        # which shows parks are used, resets it.
-        self._park_backoff = 0.0
-        self._park_not_before = 0.0
+        #: This worker's park in parked_workers, and the hand-offs it brought.
+        self.parking = Parking(
+            app,
+            self.id,
+            self.queues,
+            self.lease,
+            poll_interval=self.poll_interval,
+            handoff=self.handoff,
+            log=self.log,
+        )
         self.ready = threading.Event()
         self.processed = 0
 
@@ -179,7 +161,7 @@ class Worker:
         app.import_includes()
         app.finalize()
         register_builtins(app)  # map, starmap and chunks run as Celery's built-in tasks
-        self._prepare_schema()
+        startup.prepare_schema(app, self.migrate, self.log)
         signals.celeryd_after_setup.send(sender=self.hostname, instance=self, conf=app.conf)
         broker = app.broker
         broker.min_size = max(broker.min_size, 4)
@@ -199,8 +181,9 @@ class Worker:
             worker_id=self.id,
         )
         self.pool.on_start = self._started
-        self._warn_unenforced_limits()
-        self._warn_autovacuum_off()
+        self.cancels = Cancels(app, self.id, self.pool, self._inflight, self._lock, self.log)
+        startup.warn_unenforced_limits(app, self.pool.name, self.time_limit, self.log)
+        startup.warn_autovacuum_off(app, self.log)
         if self.freeze_gc:
             # Modules, tasks and settings live as long as the worker. Frozen, they are left
             # out of every collection: a full one walks only what the worker made since
@@ -216,7 +199,7 @@ class Worker:
         self.completer.metrics = self.metrics
         self.completer.keep_finished = s.finished_task_retention > 0
         self.leases = LeaseKeeper(
-            broker, self.id, self.lease, self._owned, self._lost, self._cancel
+            broker, self.id, self.lease, self._owned, self._lost, self.cancels.renewed
         )
         self.leases.metrics = self.metrics
         reclaimer = Reclaimer(broker, s.max_lost_attempts, self.completer.chord_ready)
@@ -225,7 +208,7 @@ class Worker:
             reclaimer,
             Pruner(broker, s.finished_task_retention, s.result_expires),
             interval=min(max(self.lease / 3.0, 0.2), 10.0),
-            probe=self._probe_floors,
+            probe=self.claims.probe_floors,
         )
         threads: list[Any] = [self.completer, self.leases, self.maintenance]
         if self.beat:
@@ -235,7 +218,7 @@ class Worker:
                 broker,
                 set(self.queues),
                 self._wake,
-                on_cancel=self._notified_cancel,
+                on_cancel=self.cancels.notified,
                 handoffs=handoff_channel(broker.schema, self.id) if self.handoff else None,
                 on_handoff=self._handed,
                 on_listening=self._on_listening,
@@ -256,7 +239,7 @@ class Worker:
             # A revoke sent before the listener listens is heard only at the next renewal
             # (a third of the lease): claim nothing until it listens, unless it cannot
             # connect soon (the claims then meet the same trouble, and say so).
-            self._first_listen.wait(self.LISTEN_FIRST_WAIT)
+            self.parking.wait_listening(self.LISTEN_FIRST_WAIT)
         self._install_signals()
         self.log.info(
             "worker.started",
@@ -291,7 +274,7 @@ class Worker:
         """Seconds an idle worker now waits before it parks again: each park given up unused
         (the worker claimed the usual way while parked) doubles it, up to a second; a hand-off,
         which shows parks are used, resets it to 0."""
-        return self._park_backoff
+        return self.parking.backoff
 
     def stop(self, cold: bool = False) -> None:
         """Stop claiming; finish what runs (warm) or stop now (cold)."""
@@ -299,47 +282,6 @@ class Worker:
             self._cold.set()
         self._stopping.set()
         self._wake.set()
-
-    def _warn_unenforced_limits(self) -> None:
-        """Hard time limits need a process to kill: say so when the pool runs threads."""
-        if self.pool.name == "prefork":
-            return
-        limited = [n for n, t in self.app.tasks.items() if getattr(t, "time_limit", None)]
-        if self.time_limit or limited:
-            self.log.warning(
-                "worker.time_limit_unenforced",
-                pool=self.pool.name,
-                time_limit=self.time_limit,
-                tasks=limited,
-                hint="hard time limits are enforced by the prefork pool only (a thread cannot "
-                "be killed); soft time limits still raise SoftTimeLimitExceeded",
-            )
-
-    def _warn_autovacuum_off(self) -> None:
-        """Every claim and outcome leaves a dead row version that only vacuum makes reusable:
-        say so when autovacuum is off for the queue's tables."""
-        try:
-            off = self.app.broker.autovacuum_off()
-        except psycopg.Error as exc:
-            self.log.debug("worker.autovacuum_unknown", error=str(exc).strip())
-            return
-        if off:
-            self.log.warning(
-                "worker.autovacuum_off",
-                schema=self.app.broker.schema,
-                hint="autovacuum is off on this server or for the queue's tables: their dead "
-                "rows are never reclaimed, so the tables grow for as long as tasks run and "
-                "claims slow down; turn it on, or VACUUM the tables often (see "
-                "docs/operating.md)",
-            )
-
-    def _prepare_schema(self) -> None:
-        s = self.app.settings
-        url = self.app.database_url
-        if self.migrate:
-            for m in migrations.migrate(url, s.schema_name):
-                self.log.info("schema.migrated", version=m.version, name=m.name)
-        migrations.check(url, s.schema_name)
 
     def _loop(self) -> None:
         backoff = 0.1
@@ -370,7 +312,7 @@ class Worker:
             self._wake.clear()
             blocked = False
             try:
-                claimed, taken = self._claim(want)
+                claimed, taken = self.claims.claim(want, self._debug)
                 blocked = taken > len(claimed)
                 backoff = 0.1
                 self.prefetch.claimed(want, taken)
@@ -394,12 +336,9 @@ class Worker:
                 if job is not None:
                     self._buffer.append(job)
             self._start_buffered()
-            if claimed and self._parked:
-                # Busy again: a task handed here now would wait behind these. Enqueues still
-                # wake it for a while, as its slots may free up before it parks again.
-                self._unpark(waking=True)
-                self._park_backoff = min(1.0, max(0.01, self._park_backoff * 2))
-                self._park_not_before = time.monotonic() + self._park_backoff
+            if claimed:
+                # Busy again: a task handed here now would wait behind these.
+                self.parking.busy()
             if taken >= want:
                 # Full (rows blocked by a concurrency limit included): more may be due.
                 continue
@@ -407,128 +346,17 @@ class Worker:
                 self.log.info("worker.idle", reason="burst mode: no task left in its queues")
                 self._stopping.set()
                 break
-            if self._park(hand_off=not taken):
+            if (
+                not self._stopping.is_set()
+                and self.pool.free_slots() > 0
+                and self.parking.park(self.claims.rate_intervals, hand_off=not taken)
+            ):
                 # Enqueues that found no worker waiting as this one parked have committed:
                 # claim once more for their rows (later ones notify).
                 continue
             self._wake.wait(self.poll_interval)
 
-    @contextlib.contextmanager
-    def _claiming(self) -> Iterator[psycopg.Connection[Any] | None]:
-        """The claim connection (see Broker.claim_connection), held for one claim; None where
-        the broker keeps no connections of its own (claims then take the pool's). A broken
-        connection is closed, and the next claim opens a new one."""
-        broker = self.app.broker
-        with self._claim_lock:
-            conn = None
-            if broker.own_connections:
-                conn = self._claim_conn
-                if conn is None or conn.closed:
-                    conn = self._claim_conn = broker.claim_connection()
-            try:
-                yield conn
-            except psycopg.OperationalError:
-                if conn is not None:
-                    with contextlib.suppress(psycopg.Error):
-                        conn.close()
-                    self._claim_conn = None
-                raise
-
-    def _claim(self, want: int) -> tuple[list[ClaimedTask], int]:
-        """Claim up to ``want`` rows, on the worker's claim connection where there is one
-        (see Broker.claim_connection); with how many the claim took, blocked ones included."""
-        broker = self.app.broker
-        floors = self.floors
-        plan = floors.plan(self.queues)
-        rates = self._rate_intervals()
-        with self._claiming() as conn:
-            started = time.perf_counter()
-            rows = broker.claim_all(
-                self.id, self.queues, want, self.lease, conn, plan, rates, self._scan
-            )
-            elapsed = time.perf_counter() - started
-        claimed = [row for row in rows if row.set_aside is None]
-        waiting = [row for row in rows if row.set_aside == Status.PENDING] if rates else []
-        # Rows waiting for a rate limit's start time: read further next time, so that a
-        # backlog of them leaves the due rows in a few claims.
-        self._scan = min(1000, max(self._scan, want) * 4) if waiting else 0
-        if self._debug:
-            for row in waiting:
-                self.log.debug(
-                    "task.rate_limited", task_id=row.id, task_name=row.name, eta=row.run_at
-                )
-        was_active = floors.active
-        floors.record(plan, claimed, elapsed, time.monotonic())
-        if floors.active != was_active:
-            claim_ms = round(elapsed * 1000, 1)
-            if floors.active:
-                self.log.info(
-                    "worker.claim_floors",
-                    state="on",
-                    claim_ms=claim_ms,
-                    hint="full claims are slow, as when a long transaction holds back vacuum: "
-                    "claims start where this worker's last ones ended, with a full claim now "
-                    "and then (see docs/operating.md)",
-                )
-            else:
-                self.log.info("worker.claim_floors", state="off", claim_ms=claim_ms)
-        return claimed, len(rows)
-
     # -- direct hand-off -----------------------------------------------------------------------
-
-    def _park(self, hand_off: bool = True) -> bool:
-        """A slot is free and the last claim left it free: wait in parked_workers, so that
-        enqueues of due tasks notify this worker (they notify only while a worker waits), and
-        where ``hand_off`` (nothing was due) let the next single enqueue of a task that can
-        start now hand it straight here (see Broker.park). Renewed while idle. True when a
-        park was written: the caller claims once more."""
-        if not self.listen or not self._listening or self._stopping.is_set():
-            return False
-        if self.pool.free_slots() <= 0:
-            return False
-        now = time.monotonic()
-        renew = self.park_seconds / 3
-        hand_off = hand_off and self.handoff and now >= self._park_not_before
-        if (self._parked or not hand_off) and now - self._waking_at < renew:
-            # Parked already, or waiting without hand-offs: only a row about to run out is
-            # written again.
-            return False
-        handoffs = self._handoffs
-        try:
-            self.app.broker.park(
-                self.id,
-                self.queues,
-                self.lease,
-                self.park_seconds,
-                list(self._rate_intervals()),
-                handoff=hand_off,
-            )
-        except psycopg.Error as exc:
-            self._parked = False
-            self.log.warning("worker.db_unavailable", during="park", error=str(exc).strip())
-            return False
-        # A task handed here while the statement ran has used this park up already.
-        used = handoffs != self._handoffs
-        self._parked = hand_off and not used
-        self._parked_at = now
-        self._waking_at = 0.0 if used else now
-        return True
-
-    def _unpark(self, waking: bool = False) -> bool:
-        """No more hand-offs here (and, unless ``waking``, no more wake-ups); False when the
-        database could not be told."""
-        self._parked = False
-        if not waking:
-            self._waking_at = 0.0
-        try:
-            self.app.broker.unpark(self.id, self.park_seconds if waking else None)
-        except psycopg.Error as exc:
-            # The park runs out by itself; a task handed here meanwhile still runs here.
-            self.log.warning("worker.db_unavailable", during="unpark", error=str(exc).strip())
-            return False
-        if waking:
-            self._waking_at = time.monotonic()
-        return True
 
     def _handed(self, payload: str, here: bool = False) -> RunHere | None:
         """A hand-off (on the listener's thread): an enqueue names a task it wrote for this
@@ -537,20 +365,13 @@ class Worker:
         what that claim gave it. With ``here``, a task that can start at once is returned
         instead, to run on that thread."""
         run: RunHere | None = None
-        self._handoffs += 1
-        # A hand-off takes this worker's row.
-        self._parked = False
-        self._waking_at = 0.0
-        self._park_backoff = self._park_not_before = 0.0
+        self.parking.handed()
         ids = handed_ids(payload)
         if not ids:
             self.log.warning("worker.handoff_ignored", reason="not a list of task ids")
         elif not self._stopping.is_set():
             try:
-                with self._claiming() as conn:
-                    rows = self.app.broker.claim_handed(
-                        self.id, ids, self.queues, self.lease, conn, self._rate_intervals()
-                    )
+                rows = self.claims.claim_handed(ids)
                 if len(rows) < len(ids) and self._debug:
                     found = {row.id for row in rows}
                     self.log.debug(
@@ -595,21 +416,14 @@ class Worker:
         """The listener (re)connected, or lost its connection: tasks handed here while it
         did not listen were never heard of, so they are looked up now, and no park is made
         while it cannot hear."""
-        self._listening = listening
-        if listening:
-            self._first_listen.set()
+        adopt = self.parking.listening_changed(listening)
         if not listening:
-            if self._parked or self._waking_at:
-                self._unpark()
             return
         # Notifications (and hand-offs) can be heard now: an idle loop parks at once rather
         # than at its next poll (its last claim found nothing but could not park while nothing
         # listened).
         self._wake.set()
-        if not self.handoff:
-            return
-        if not self._heard_before:
-            self._heard_before = True
+        if not adopt:
             return
         try:
             self._adopt()
@@ -631,22 +445,6 @@ class Worker:
         if rows:
             self.log.info("worker.adopted", tasks=[row.id for row in rows])
             self._take(rows)
-
-    def _probe_floors(self) -> None:
-        """While claims start from floors, look for due rows behind them now and then (see
-        pgtasks.worker.floors); on the maintenance thread, off the claim path."""
-        floors = self.floors
-        plan = floors.probe_plan(self.queues, time.monotonic())
-        if plan is None:
-            return
-        started = time.perf_counter()
-        behind = self.app.broker.behind_floors(plan)
-        elapsed = time.perf_counter() - started
-        floors.probe_done(behind, elapsed, time.monotonic())
-        if not floors.active:
-            self.log.info("worker.claim_floors", state="off", probe_ms=round(elapsed * 1000, 1))
-        if behind:
-            self._wake.set()
 
     def _well_formed(self, claimed: list[ClaimedTask]) -> list[ClaimedTask]:
         """The claimed rows that can run as written (see pgtasks.message.malformed). Anyone
@@ -671,36 +469,10 @@ class Worker:
                 return  # found twice (see _accept): settled as the first time
         TaskLog(self.log, row, self._levels).error("task.dead_lettered", reason=reason, error=error)
         self.metrics.dead_lettered(row.name, row.queue, reason)
-        self._settle(self._failure(row, Status.DEAD, error))
+        self._settle(outcomes.not_run(row, Status.DEAD, error))
         if reason == OVERSIZE_PAYLOAD:
             # As for a payload that does not decode (see _accept).
             task_signals.rejected(self, row, DecodeError(error))
-
-    def _rate_intervals(self) -> dict[str, float]:
-        """Each registered task with a rate limit, and the seconds between its starts: the
-        claim holds those tasks to their start times (see pgtasks.ratelimits)."""
-        if self.settings.disable_rate_limits:
-            return {}
-        tasks = self.app.tasks
-        if self._rates is None or self._rates[0] != len(tasks):
-            rates: dict[str, float] = {}
-            for name, task in list(tasks.items()):
-                try:
-                    every = self._rate_interval(task)
-                except (TypeError, ValueError) as exc:
-                    # Checked when the task is defined; a value set on it since is not held.
-                    self.log.error(
-                        "worker.loop_error", during="rate limit", task_name=name, error=str(exc)
-                    )
-                    continue
-                if every is not None:
-                    rates[name] = every
-            self._rates = (len(tasks), rates)
-        return self._rates[1]
-
-    def _rate_interval(self, task: Any) -> float | None:
-        limit = task.rate_limit if task.rate_limit is not None else self.settings.default_rate_limit
-        return ratelimits.interval(limit)
 
     def _start_buffered(self) -> None:
         """Hand every claimed job to the pool, which starts each as a slot frees up."""
@@ -736,8 +508,8 @@ class Worker:
                 )
                 self._wake.set()
                 return False
-            # Under the lock, as _flag_cancelled sets cancel_requested: a revoke either finds
-            # the call running (and _terminate stops it where the pool can) or is seen here.
+            # Under the lock, as Cancels.flag sets cancel_requested: a revoke either finds the
+            # call running (and Cancels.terminate stops it where the pool can) or is seen here.
             with self._lock:
                 revoked = entry.cancel_requested
                 entry.running = not revoked
@@ -750,7 +522,7 @@ class Worker:
                     reason="revoked before it started",
                 )
                 self._settle(
-                    self._failure(entry.task, Status.CANCELLED, "discarded before it started")
+                    outcomes.not_run(entry.task, Status.CANCELLED, "discarded before it started")
                 )
                 return False
         if self._debug:
@@ -792,46 +564,30 @@ class Worker:
         if row.expired:
             tlog.info("task.expired", expires_at=str(row.expires_at))
             # task_revoked (expired=True) is sent once the row is written CANCELLED: _written.
-            self._settle(self._failure(row, Status.CANCELLED, "expired"))
+            self._settle(outcomes.not_run(row, Status.CANCELLED, "expired"))
             return None
         task = self.app.tasks.get(row.name)
         if task is None:
             self._unknown(row, tlog)
             return None
         try:
-            args, kwargs = self._decode(row)
+            args, kwargs = intake.arguments(row, self.settings.accept_content)
         except Exception as exc:
             tlog.error("task.dead_lettered", reason="undecodable payload", error=str(exc))
             self.metrics.dead_lettered(row.name, row.queue, "undecodable payload")
-            self._settle(self._failure(row, Status.DEAD, f"cannot decode payload: {exc}"))
+            self._settle(outcomes.not_run(row, Status.DEAD, f"cannot decode payload: {exc}"))
             task_signals.rejected(self, row, exc)
             return None
-        store = not (
-            row.headers.get("ignore_result")
-            or task.ignore_result
-            or (task.ignore_result is None and self.settings.ignore_result)
-        )
-        hard, soft = timelimits.resolve(row.headers, task, self.time_limit, self.soft_time_limit)
-        job = ex.Job(
-            id=row.id,
-            name=row.name,
-            attempt=row.attempt,
-            retries=row.retries,
-            max_retries=row.max_retries,
-            args=args,
-            kwargs=kwargs,
-            queue=row.queue,
-            headers=row.headers,
-            eta=row.run_at,
-            expires=row.expires_at,
+        return intake.job_for(
+            row,
+            task,
+            args,
+            kwargs,
             hostname=self.id,
-            store_result=store,
-            result_serializer=row.headers.get("result_serializer")
-            or self.settings.result_serializer,
-            time_limit=hard,
-            soft_time_limit=soft,
+            settings=self.settings,
+            time_limit=self.time_limit,
+            soft_time_limit=self.soft_time_limit,
         )
-        return job
 
     def _unknown(self, row: ClaimedTask, tlog: TaskLog) -> None:
         """A row whose task name this worker has not registered.
@@ -850,40 +606,10 @@ class Worker:
             error = f"unregistered task {row.name!r} (worker {self.id})"
             self._settle(Release(row.id, row.attempt, self.settings.unknown_task_delay, error))
             return
-        error = (
-            f"NotRegistered: no live worker consuming queue {row.queue!r} has registered "
-            f"task {row.name!r}; import its module in the worker (include=, imports or "
-            f"autodiscover_tasks), then requeue it"
-        )
-        tlog.error("task.dead_lettered", reason="unregistered task", error=error)
+        failure = outcomes.unregistered(row)
+        tlog.error("task.dead_lettered", reason="unregistered task", error=failure.error)
         self.metrics.dead_lettered(row.name, row.queue, "unregistered task")
-        stored = encode(exception_to_dict(NotRegistered(row.name)), "json")
-        failure = Failure(
-            row.id,
-            row.attempt,
-            Status.DEAD,
-            error,
-            None,
-            True,
-            stored.content_type,
-            stored.data,
-            None,
-            followups=chord_member(row.headers),
-        )
         self._settle(failure)
-
-    def _decode(self, row: ClaimedTask) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        body = decode(
-            row.body, row.content_type, row.content_encoding, self.settings.accept_content
-        )
-        if not (
-            isinstance(body, (list, tuple))
-            and len(body) >= 2
-            and isinstance(body[0], (list, tuple))
-            and isinstance(body[1], dict)
-        ):
-            raise ValueError("payload is not [args, kwargs]")
-        return tuple(body[0]), dict(body[1])
 
     # -- outcomes ------------------------------------------------------------------------------
 
@@ -899,9 +625,6 @@ class Worker:
         if entry is None:
             return
         row = entry.task
-        started = datetime.fromtimestamp(o.started, tz=timezone.utc)
-        result = o.result.data if o.result else None
-        content_type = o.result.content_type if o.result else "application/json"
         final: Final
         if o.kind == ex.SUCCESS:
             # The common case, kept to what it needs: logged only where INFO is on.
@@ -909,141 +632,24 @@ class Worker:
                 TaskLog(self.log, row, self._levels).info(
                     "task.succeeded", duration=round(o.runtime, 6)
                 )
-            final = Success(
-                row.id,
-                row.attempt,
-                o.result is not None,
-                content_type,
-                result,
-                started,
-                followups=o.extra.get("followups"),
-            )
+            final = outcomes.succeeded(row, o)
         else:
-            final = self._unsuccessful(entry, o, started, result, content_type)
+            final, note = outcomes.unsuccessful(
+                row,
+                o,
+                terminated=entry.terminated is not None,
+                max_lost_attempts=self.settings.max_lost_attempts,
+            )
+            note.emit(TaskLog(self.log, row, self._levels))
         if self.metrics.enabled:
             self._count(row, o, final)
         self.completer.put(final)
 
-    def _unsuccessful(
-        self,
-        entry: InFlight,
-        o: ex.Outcome,
-        started: datetime,
-        result: bytes | None,
-        content_type: str,
-    ) -> Final:
-        """The final state of a run that did not simply succeed."""
-        row = entry.task
-        tlog = TaskLog(self.log, row, self._levels)
-        final: Final
-        if o.kind == ex.IGNORED:
-            # Celery stores no outcome for Ignore: the result keeps showing the task as
-            # started, never ready. The row still finishes, so nothing runs it again.
-            tlog.info("task.ignored", duration=round(o.runtime, 6))
-            final = Success(row.id, row.attempt, True, content_type, None, started, state="IGNORED")
-        elif o.kind == ex.FAILURE:
-            status = Status.DEAD if o.retries_exhausted else Status.FAILED
-            if entry.terminated is not None:
-                # Stopped by revoke(terminate=True): the write below records it CANCELLED.
-                tlog.info("task.terminated", error=o.error, duration=round(o.runtime, 6))
-            else:
-                tlog.error(
-                    "task.dead_lettered" if status == Status.DEAD else "task.failed",
-                    error=o.error,
-                    duration=round(o.runtime, 6),
-                    args=row.headers.get("argsrepr"),
-                    kwargs=row.headers.get("kwargsrepr"),
-                )
-            final = Failure(
-                row.id,
-                row.attempt,
-                status,
-                o.error or "failed",
-                o.traceback,
-                o.result is not None,
-                content_type,
-                result,
-                started,
-                followups=o.extra.get("followups"),
-            )
-        elif o.kind == ex.RETRY:
-            when = o.retry_when
-            eta = when if isinstance(when, datetime) else None
-            delay = 0.0 if isinstance(when, datetime) or when is None else float(when)
-            tlog.warning(
-                "task.retry_scheduled",
-                retry_delay=delay,
-                eta=str(eta) if eta else None,
-                error=o.error,
-            )
-            final = RetryAt(
-                row.id,
-                row.attempt,
-                row.retries + 1,
-                delay,
-                eta,
-                o.error,
-                o.traceback,
-                "retry",
-                started,
-                result=result,
-                content_type=content_type,
-            )
-        elif o.kind == ex.REJECT_REQUEUE:
-            tlog.warning("task.rejected", requeue=True, error=o.error)
-            final = RetryAt(
-                row.id,
-                row.attempt,
-                row.retries,
-                0.0,
-                None,
-                o.error,
-                o.traceback,
-                "rejected",
-                started,
-            )
-        else:  # LOST: the process running it died
-            lost = row.attempt - row.requeued_attempt - row.retries
-            if lost >= self.settings.max_lost_attempts:
-                tlog.error("task.dead_lettered", reason="worker lost", error=o.error)
-                final = Failure(
-                    row.id,
-                    row.attempt,
-                    Status.DEAD,
-                    f"worker lost: {o.error}",
-                    None,
-                    False,
-                    content_type,
-                    None,
-                    started,
-                    followups=chord_member(row.headers),
-                )
-            else:
-                delay = min(2.0**lost, 60.0)
-                tlog.warning(
-                    "task.retry_scheduled", reason="worker lost", retry_delay=delay, error=o.error
-                )
-                final = RetryAt(
-                    row.id,
-                    row.attempt,
-                    row.retries,
-                    delay,
-                    None,
-                    f"worker lost: {o.error}",
-                    None,
-                    "lost",
-                    started,
-                )
-        return final
-
     def _count(self, row: ClaimedTask, o: ex.Outcome, final: Final) -> None:
         """Record a run's outcome in the metrics (a no-op without --metrics-port)."""
-        dead = isinstance(final, Failure) and final.status == Status.DEAD
-        outcome = _OUTCOMES.get(o.kind, "lost")
-        if dead:
-            outcome = "dead_lettered"
-            reason = "worker lost" if o.kind == ex.LOST else "retries exhausted"
-            self.metrics.dead_lettered(row.name, row.queue, reason)
+        outcome, dead = outcomes.metric_outcome(o.kind, final)
+        if dead is not None:
+            self.metrics.dead_lettered(row.name, row.queue, dead)
         self.metrics.finished(row.name, row.queue, outcome, o.runtime, o.error or "")
         self.metrics.active(len(self._inflight))
 
@@ -1052,23 +658,6 @@ class Worker:
         with self._lock:
             self._inflight.finishing(final.id, final.attempt)
         self.completer.put(final)
-
-    def _failure(self, row: ClaimedTask, status: str, error: str) -> Failure:
-        """A row that ends without running; its chord counts it, where its headers can say
-        which (headers that are not a JSON object are dead-lettered as such: _well_formed)."""
-        headers = row.headers if isinstance(row.headers, dict) else {}
-        return Failure(
-            row.id,
-            row.attempt,
-            status,
-            error,
-            None,
-            False,
-            "application/json",
-            None,
-            None,
-            followups=chord_member(headers),
-        )
 
     def _written(self, item: Final, status: str | None) -> None:
         """Called by the completer after the fenced write."""
@@ -1122,76 +711,6 @@ class Worker:
             action="the task keeps running here but its outcome will be discarded",
         )
 
-    def _cancel(self, task_id: str) -> None:
-        """A renewal found ``task_id`` revoked (the fallback for a lost notification)."""
-        if self._flag_cancelled(task_id, "renewal"):
-            signal_name = self.app.broker.revoke_signal(task_id)
-            if signal_name:
-                self._terminate(task_id, signal_name)
-
-    def _notified_cancel(self, task_id: str, signal_name: str | None) -> None:
-        """The cancel channel says ``task_id`` was revoked (for whichever worker runs it). A
-        notification is only a hint, which any role that can connect could send: the row
-        decides whether the task was revoked, and with which signal (``signal_name``, what
-        the notification says, is not used)."""
-        with self._lock:
-            entry = self._inflight.get(task_id)
-            if entry is None or entry.cancel_requested or entry.finishing:
-                return
-            attempt = entry.task.attempt
-        try:
-            revoked, stored = self.app.broker.cancel_state(self.id, task_id, attempt)
-        except psycopg.Error as exc:
-            # The next renewal reads the same row.
-            self.log.warning("worker.db_unavailable", during="cancel", error=str(exc).strip())
-            return
-        if not revoked:
-            self.log.warning(
-                "worker.cancel_ignored",
-                task_id=task_id,
-                reason="a notification said the task was revoked; its row does not",
-            )
-            return
-        if self._flag_cancelled(task_id, "notify") and stored:
-            self._terminate(task_id, stored)
-
-    def _flag_cancelled(self, task_id: str, via: str) -> bool:
-        """Mark a running task revoked; True the first time (it runs here, not finished)."""
-        with self._lock:
-            entry = self._inflight.get(task_id)
-            if entry is None or entry.cancel_requested or entry.finishing:
-                return False
-            entry.cancel_requested = True
-        self.log.info("task.cancel_requested", task_id=task_id, via=via)
-        return True
-
-    def _terminate(self, task_id: str, signal_name: str) -> None:
-        """``revoke(terminate=True)``: stop the task's process where the pool has one."""
-        try:
-            signum = utils.parse_signal(signal_name)
-        except ValueError as exc:
-            self.log.warning("task.terminate_refused", task_id=task_id, error=str(exc))
-            return
-        with self._lock:
-            entry = self._inflight.get(task_id)
-            if entry is not None:
-                if not entry.running:
-                    # Still waiting for its slot: _started discards it before it runs.
-                    return
-                entry.terminated = signum
-        if not self.pool.terminate(task_id, signum):
-            with self._lock:
-                if entry is not None:
-                    entry.terminated = None
-            self.log.warning(
-                "task.terminate_unsupported",
-                task_id=task_id,
-                pool=self.pool.name,
-                hint="only the prefork pool (and the asyncio pool, for async def tasks) can "
-                "stop a running task; here it runs to its end, cannot record success, and sees "
-                "request.cancelled",
-            )
-
     # -- stopping ------------------------------------------------------------------------------
 
     def _install_signals(self) -> None:
@@ -1223,7 +742,7 @@ class Worker:
         SignalRelay(handler, (signal.SIGTERM, signal.SIGINT), name="worker-signals").install()
 
     def _shutdown(self, threads: list[Any]) -> None:
-        if self._parked_at and self._unpark():
+        if self.parking.ever_parked and self.parking.unpark():
             # No more hand-offs; one made before the unpark is committed once it returns, and
             # handed back here (or by the listener, if it hears of it first).
             self._adopt()
@@ -1246,9 +765,7 @@ class Worker:
                 thread.stop()
         for thread in threads:
             thread.join(timeout=2.0)
-        if self._claim_conn is not None:
-            with contextlib.suppress(psycopg.Error):
-                self._claim_conn.close()
+        self.claims.close()
         with contextlib.suppress(psycopg.Error):
             self.app.broker.unregister_worker(self.id)
         self.metrics.stop()
@@ -1257,63 +774,3 @@ class Worker:
         self.app.close()
         if self.freeze_gc:
             gc.unfreeze()
-
-
-def log_enabled(log: Any, level: int) -> bool:
-    """Whether ``log`` emits at ``level`` (a logger that cannot tell is taken to emit)."""
-    check = getattr(log, "is_enabled_for", None)
-    return check is None or bool(check(level))
-
-
-class TaskLog:
-    """A claimed row's logger, bound to its task id, name, queue and attempt on first use:
-    most runs emit nothing at the worker's level, and binding per row would cost more than
-    running a short task. ``levels`` are the worker's (see Worker._levels), read once."""
-
-    __slots__ = ("_bound", "_levels", "_log", "_row")
-
-    def __init__(self, log: Any, row: ClaimedTask, levels: tuple[bool, bool]) -> None:
-        self._log = log
-        self._row = row
-        self._bound: Any = None
-        self._levels = levels
-
-    def _enabled(self, level: int) -> bool:
-        return self._levels[0] if level == logging.DEBUG else self._levels[1]
-
-    def _logger(self) -> Any:
-        if self._bound is None:
-            row = self._row
-            self._bound = self._log.bind(
-                task_id=row.id,
-                task_name=row.name,
-                queue=row.queue,
-                attempt=row.attempt,
-                retries=row.retries,
-            )
-        return self._bound
-
-    def debug(self, event: str, **kw: Any) -> None:
-        if self._enabled(logging.DEBUG):
-            self._logger().debug(event, **kw)
-
-    def info(self, event: str, **kw: Any) -> None:
-        if self._enabled(logging.INFO):
-            self._logger().info(event, **kw)
-
-    def warning(self, event: str, **kw: Any) -> None:
-        self._logger().warning(event, **kw)
-
-    def error(self, event: str, **kw: Any) -> None:
-        self._logger().error(event, **kw)
-
-
-#: Metric outcome of each run kind (LOST rows are counted as retried or dead-lettered).
-_OUTCOMES = {
-    ex.SUCCESS: "succeeded",
-    ex.FAILURE: "failed",
-    ex.RETRY: "retried",
-    ex.REJECT_REQUEUE: "rejected",
-    ex.IGNORED: "ignored",
-    ex.LOST: "retried",
-}

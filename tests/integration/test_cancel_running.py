@@ -226,7 +226,7 @@ def test_calls_after_a_terminated_one_in_its_asyncio_slot_start_with_no_cancella
 def test_a_terminate_that_arrives_after_its_call_ended_leaves_the_next_call_alone() -> None:
     import asyncio
 
-    from pgtasks.task import running_on_loop, terminate_coroutine
+    from pgtasks.worker.loop import running_on_loop, terminate_coroutine
 
     async def two_calls() -> list[str]:
         seen: list[str] = []
@@ -387,7 +387,7 @@ def test_a_call_revoked_while_it_waits_for_a_slot_never_runs(
 def test_a_terminate_that_arrives_before_its_coroutine_begins_cancels_it_where_it_awaits() -> None:
     import asyncio
 
-    from pgtasks import task as task_module
+    from pgtasks.worker import loop as task_module
 
     async def calls() -> list[str]:
         seen: list[str] = []

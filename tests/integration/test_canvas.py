@@ -229,9 +229,9 @@ def test_follow_ups_are_written_only_when_the_fenced_completion_is(
 ) -> None:
     """A worker that lost its lease must not enqueue the next step, a callback, or count a
     chord member: the follow-ups share the fenced write's fate."""
-    from pgtasks.canvas import chord_body_builder
     from pgtasks.records import Success
     from pgtasks.serialization import encode
+    from pgtasks.worker.followups import chord_body_builder
 
     # Given a chain and a chord member, both claimed by worker "a"
     first = (t.add.s(1, 1) | t.mul.s(2)).apply_async().parent
@@ -242,8 +242,8 @@ def test_follow_ups_are_written_only_when_the_fenced_completion_is(
     db.execute("UPDATE tasks SET claimed_by = 'b'")
 
     # When "a" writes its completions with their follow-ups
-    from pgtasks.canvas import after_success
     from pgtasks.worker.execute import Job
+    from pgtasks.worker.followups import after_success
 
     successes = []
     for row in claimed:

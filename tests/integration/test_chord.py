@@ -13,9 +13,9 @@ import psycopg
 import pytest
 
 from pgtasks import Celery, chord, group
-from pgtasks.canvas import chord_body_builder
 from pgtasks.exceptions import ChordError
 from pgtasks.records import Success
+from pgtasks.worker.followups import chord_body_builder
 from tests.apps.harness import expire_lease, one, wait_until
 from tests.conftest import running_worker
 
@@ -186,9 +186,9 @@ def test_header_and_counter_are_written_together(capp: Celery, db: psycopg.Conne
 def _claimed_successes(capp: Celery) -> list[Success]:
     """Claim the chord's two members and describe each one's success (value 1), with its
     follow-ups, as a worker would before finishing it."""
-    from pgtasks.canvas import after_success
     from pgtasks.serialization import encode
     from pgtasks.worker.execute import Job
+    from pgtasks.worker.followups import after_success
 
     claimed = capp.broker.claim("w", ["celery"], 10, 30.0)
     assert len(claimed) == 2
