@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from pgtasks.broker import Plan
+from pgtasks.records import ChordSpec, Plan
 from pgtasks.result import AsyncResult, GroupResult
 from pgtasks.utils import uuid as _new_id
 
@@ -811,7 +811,6 @@ class Planner:
         options: Mapping[str, Any] | None,
         rest: Sequence[Any],
     ) -> Any:
-        from pgtasks.broker import ChordSpec
 
         sig = sig.clone()  # type: ignore[assignment]
         opts = dict(sig.options, **(options or {}))

@@ -938,7 +938,7 @@ class Task(Generic[P, R]):
     ) -> None:
         """Report a state (e.g. a custom ``PROGRESS`` with ``meta``) that ``AsyncResult.state``
         and ``.info`` show until the task finishes (Celery's ``update_state``)."""
-        from pgtasks.broker import StoredResult
+        from pgtasks.records import StoredResult
 
         task_id = task_id or self.request.id
         if task_id is None:

@@ -18,8 +18,9 @@ from typing import Any, Union
 import psycopg
 import structlog
 
-from pgtasks.broker import Broker, Failure, Plan, Release, RetryAt, Row, Success
+from pgtasks.broker import Broker, Row
 from pgtasks.metrics import NullMetrics
+from pgtasks.records import Failure, Plan, Release, RetryAt, Success
 
 Final = Union[Success, Failure, RetryAt, Release]  # noqa: UP007 - a runtime alias on 3.10
 Conn = psycopg.Connection[Any] | None

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from pgtasks import states
-from pgtasks.broker import Followups, Plan, Row, StoredResult
+from pgtasks.broker import Row
 from pgtasks.canvas import Planner, Signature, _as_list, _final, maybe_signature
 from pgtasks.exceptions import ChordError
+from pgtasks.records import Followups, Plan, StoredResult
 from pgtasks.result import exception_from_dict, exception_to_dict
 from pgtasks.serialization import encode
 

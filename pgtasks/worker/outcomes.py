@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from pgtasks.broker import Failure, RetryAt, Success
 from pgtasks.exceptions import NotRegistered
 from pgtasks.message import ClaimedTask
+from pgtasks.records import Failure, RetryAt, Success
 from pgtasks.result import exception_to_dict
 from pgtasks.serialization import encode
 from pgtasks.states import Status

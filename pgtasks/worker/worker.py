@@ -19,12 +19,13 @@ import psycopg
 import structlog
 
 from pgtasks import signals
-from pgtasks.broker import Release, handed_ids, handoff_channel
+from pgtasks.broker import handed_ids, handoff_channel
 from pgtasks.canvas import register_builtins
 from pgtasks.maintenance import Maintenance, Pruner, Reclaimer
 from pgtasks.message import OVERSIZE_PAYLOAD, ClaimedTask, malformed
 from pgtasks.metrics import NullMetrics
 from pgtasks.metrics import create as create_metrics
+from pgtasks.records import Release
 from pgtasks.scheduler import BeatService, Scheduler
 from pgtasks.serialization import DecodeError
 from pgtasks.states import Status

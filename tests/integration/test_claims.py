@@ -322,8 +322,9 @@ def test_claims_reuse_a_few_cursors_however_many_there_are(
             assert [r.get(timeout=10) for r in results] == [round * 3 + i for i in range(3)]
             [conn] = opened["claims"]
             counts.append(cursors_of(conn))
-        assert 1 <= counts[0] <= 3
-        assert counts[-1] == counts[0], counts
+        # Bounded by the kinds of claim made (the plain and the full claim, a handed row),
+        # whichever of them a round used; a cursor per claim would pass 3 by the fourth round.
+        assert all(1 <= count <= 3 for count in counts), counts
 
 
 def test_plans_made_on_an_empty_table_still_find_rows_by_index_when_it_grows(
