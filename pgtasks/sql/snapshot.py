@@ -109,6 +109,9 @@ _DESCRIBE = {
           LEFT JOIN pg_class AS c ON c.oid = k.conrelid
           LEFT JOIN pg_type AS ty ON ty.oid = k.contypid
          WHERE k.connamespace = %(nsp)s::regnamespace
+           -- PostgreSQL 18 keeps NOT NULL as named constraints, whose names depend on the
+           -- order things were built in; nullability is described with the columns.
+           AND k.contype <> 'n'
     """,
     "indexes": """
         SELECT 'index', c.relname,
