@@ -33,7 +33,6 @@ from psycopg.types.datetime import TimestamptzBinaryLoader, TimestamptzLoader
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from pgtasks.concurrency import KEY
 from pgtasks.exceptions import (
     EncodeError,
     ImproperlyConfigured,
@@ -41,6 +40,7 @@ from pgtasks.exceptions import (
     PgTasksError,
     QuotaExceeded,
 )
+from pgtasks.headers import CONCURRENCY_KEY as KEY
 from pgtasks.message import ClaimedTask, TaskMessage
 from pgtasks.pools import LifoConnectionPool
 from pgtasks.records import ChordSpec as ChordSpec

@@ -14,6 +14,8 @@ import structlog
 
 from pgtasks import concurrency, exceptions, ratelimits, signals, tracing, unique
 from pgtasks.exceptions import ImproperlyConfigured
+from pgtasks.headers import CONCURRENCY_KEY, CONCURRENCY_LIMIT, TIMELIMIT
+from pgtasks.headers import timelimit as timelimit_header
 from pgtasks.request import Request
 from pgtasks.retry import exponential_backoff
 from pgtasks.serialization import EncodeError, encode, encoder, find_unencodable
@@ -583,11 +585,11 @@ class Task(Generic[P, R]):
         if fixed_queue is not None:
             _check_queue(fixed_queue)
         base_headers: dict[str, Any] = dict(headers or {})
-        from pgtasks.worker.timelimits import HEADER, header
-
-        limits = header(options.pop("time_limit", None), options.pop("soft_time_limit", None))
+        limits = timelimit_header(
+            options.pop("time_limit", None), options.pop("soft_time_limit", None)
+        )
         if limits is not None:
-            base_headers[HEADER] = limits
+            base_headers[TIMELIMIT] = limits
         if ignore_result is None:
             ignore_result = (
                 self.ignore_result if self.ignore_result is not None else settings.ignore_result
@@ -659,7 +661,7 @@ class Task(Generic[P, R]):
             if limited is not None:
                 limit = limited(call_queue, args, kwargs)
                 if limit is not None:
-                    call_headers[concurrency.KEY], call_headers[concurrency.LIMIT] = limit
+                    call_headers[CONCURRENCY_KEY], call_headers[CONCURRENCY_LIMIT] = limit
             # A small payload has a small repr: the plain one is several times faster.
             small = len(body.data) <= REPR_MAX
             call_headers["argsrepr"] = (

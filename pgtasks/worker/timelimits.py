@@ -24,7 +24,6 @@ not a pair of seconds or nulls asks for nothing: the row runs with its task's an
 from __future__ import annotations
 
 import ctypes
-import math
 import reprlib
 import signal
 import threading
@@ -37,14 +36,15 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from pgtasks.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
+from pgtasks.headers import TIMELIMIT
 from pgtasks.worker import loop as runtime
 
 if TYPE_CHECKING:
     from pgtasks.app import Celery
     from pgtasks.worker.execute import Job, Outcome
 
-#: The message header carrying a call's limits, as Celery's protocol v2 names it: [hard, soft].
-HEADER = "timelimit"
+#: The message header carrying a call's limits (see pgtasks.headers).
+HEADER = TIMELIMIT
 
 log = structlog.get_logger("pgtasks")
 
@@ -128,30 +128,6 @@ def resolve(
         )
         return hard, soft
     return _lower(hard, call_hard), _lower(soft, call_soft)
-
-
-def header(time_limit: Any, soft_time_limit: Any) -> list[float | None] | None:
-    """The ``timelimit`` header value for a call's own limits (None when it sets neither).
-    Raises TypeError or ValueError, naming the option, for what is not a number of seconds."""
-    if time_limit is None and soft_time_limit is None:
-        return None
-    return [_seconds("time_limit", time_limit), _seconds("soft_time_limit", soft_time_limit)]
-
-
-def _seconds(option: str, value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{option} must be a number of seconds, not {type(value).__name__}")
-    try:
-        seconds = float(value)
-    except OverflowError:
-        seconds = math.inf
-    if not 0 <= seconds < math.inf:
-        raise ValueError(
-            f"{option} must be a finite number of seconds, at least 0, not {reprlib.repr(value)}"
-        )
-    return seconds
 
 
 #: What ``soft_limit`` gives a call with no limit: nothing to arm, and no generator to run.

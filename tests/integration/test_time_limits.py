@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from structlog.testing import capture_logs
 
-from pgtasks import Celery
+from pgtasks import Celery, headers
 from pgtasks.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 from pgtasks.worker import timelimits
 
@@ -283,15 +283,15 @@ def test_resolve_order(
 )
 def test_a_call_limit_that_is_not_seconds_is_refused(time_limit: Any, soft_time_limit: Any) -> None:
     with pytest.raises((TypeError, ValueError), match="time_limit must be"):
-        timelimits.header(time_limit, soft_time_limit)
+        headers.timelimit(time_limit, soft_time_limit)
 
 
 def test_a_call_limit_is_written_as_celery_writes_it() -> None:
-    assert timelimits.header(None, None) is None
-    assert timelimits.header(1, None) == [1.0, None]
-    assert timelimits.header(None, 2.5) == [None, 2.5]
+    assert headers.timelimit(None, None) is None
+    assert headers.timelimit(1, None) == [1.0, None]
+    assert headers.timelimit(None, 2.5) == [None, 2.5]
     # Zero is Celery's "no limit of the call's own", which resolve() reads it as.
-    assert timelimits.header(0, 0) == [0.0, 0.0]
+    assert headers.timelimit(0, 0) == [0.0, 0.0]
 
 
 class _Unlimited:
