@@ -372,8 +372,11 @@ def test_history_keeps_every_run_end_when_an_attempt_number_repeats(
 def test_worker_discards_its_outcome_after_losing_the_lease(
     app: Celery, db: psycopg.Connection[Any], worker_factory: WorkerFactory, gate: threading.Event
 ) -> None:
+    started = threading.Event()
+
     @app.task
     def hold() -> str:
+        started.set()
         assert gate.wait(15)
         return "written by the stale worker"
 
@@ -381,7 +384,8 @@ def test_worker_discards_its_outcome_after_losing_the_lease(
     # from claiming the row back itself.
     with worker_factory(concurrency=1, lease=30.0) as worker:
         r = hold.delay()
-        wait_until(lambda: status(db, r.id) == "RUNNING", what="the task to start")
+        # Running, not only claimed: a lease lost before the start drops the call unrun.
+        assert started.wait(10), "the task did not start"
         expire_lease(db, r.id)
         [reclaimed] = app.broker.reclaim(3)
         assert reclaimed["previous_owner"] == worker.id
@@ -471,14 +475,18 @@ def test_revoked_pending_task_is_cancelled_and_never_claimed(
 def test_revoked_running_task_cannot_record_success(
     app: Celery, db: psycopg.Connection[Any], worker_factory: WorkerFactory, gate: threading.Event
 ) -> None:
+    started = threading.Event()
+
     @app.task
     def hold() -> str:
+        started.set()
         assert gate.wait(15)
         return "finished anyway"
 
     with worker_factory() as worker:
         r = hold.delay()
-        wait_until(lambda: status(db, r.id) == "RUNNING", what="the task to start")
+        # Running, not only claimed: a revoke between the two discards the call unrun.
+        assert started.wait(10), "the task did not start"
         assert app.broker.revoke(r.id) == "RUNNING"
         row = task_row(db, r.id)
         assert (row["status"], row["cancel_requested"]) == ("RUNNING", True)
@@ -508,7 +516,8 @@ def test_revoked_running_task_cannot_retry_back_to_pending(
 
     with worker_factory():
         r = hold_then_retry.delay("retrying")
-        wait_until(lambda: status(db, r.id) == "RUNNING", what="the task to start")
+        # Running, not only claimed: a revoke between the two discards the call unrun.
+        wait_until(lambda: ran == ["retrying"], what="the task to start")
         assert app.broker.revoke(r.id) == "RUNNING"
         gate.set()
         wait_until(lambda: status(db, r.id) != "RUNNING", what="the retry to be written")
