@@ -132,6 +132,7 @@ def test_a_cancel_notification_kills_only_what_its_row_says(
 
     @worker_app.task(name="proj.wait")
     def wait_for(path: str) -> str:
+        Path(path + ".started").touch()
         deadline = time.monotonic() + 30
         while not Path(path).exists() and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -157,9 +158,10 @@ def test_a_cancel_notification_kills_only_what_its_row_says(
 
         # A revoke the row records is obeyed, with the signal it stored (not the one a
         # notification names).
-        release.unlink()
-        second = worker_app.tasks["proj.wait"].delay(str(release))
-        wait_until(lambda: status(db, second.id) == "RUNNING", what="the task to start")
+        second_release = tmp_path / "second"
+        second = worker_app.tasks["proj.wait"].delay(str(second_release))
+        # Running, not only claimed: a revoke between the two discards the call unrun.
+        wait_until(lambda: (tmp_path / "second.started").exists(), what="the task to start")
         worker_app.control.revoke(second.id, terminate=True, signal="SIGTERM")
         wait_until(lambda: status(db, second.id) == "CANCELLED", timeout=15, what="the stop")
         error = one(db, "SELECT error FROM attempts WHERE task_id = %s", (second.id,))["error"]
