@@ -24,9 +24,13 @@ def raw(*args):
 
 
 def run(*args):
-    """The same, as recorded: ``{exit, stdout, error}`` (``error``: the last line on stderr,
+    """The same, as recorded (see ``record``)."""
+    return record(*raw(*args))
+
+
+def record(code, out, err):
+    """A run as recorded: ``{exit, stdout, error}`` (``error``: the last line on stderr,
     where the command says why it failed), the host name and ids made neutral."""
-    code, out, err = raw(*args)
     lines = err.strip().splitlines()
     recorded = {"exit": code, "stdout": _neutral(out)}
     if code:
@@ -59,12 +63,12 @@ def cli_status_and_ping(obs):
 def cli_call_and_result(obs):
     """``call proj.tasks.add --args '[2, 3]'`` enqueues the task and prints its id; ``result``
     with that id prints 5."""
-    code, out, _ = raw("call", "proj.tasks.add", "--args", "[2, 3]")
-    obs["call"] = {"exit": code, "stdout": _text(out)}
-    obs["result"] = run("result", out.strip())
-    code, out, _ = raw("call", "proj.tasks.add", "--kwargs", '{"x": 1, "y": 1}')
-    obs["call_kwargs"] = {"exit": code, "stdout": _text(out)}
-    obs["result_kwargs"] = run("result", out.strip())
+    called = raw("call", "proj.tasks.add", "--args", "[2, 3]")
+    obs["call"] = record(*called)
+    obs["result"] = run("result", called[1].strip())
+    called = raw("call", "proj.tasks.add", "--kwargs", '{"x": 1, "y": 1}')
+    obs["call_kwargs"] = record(*called)
+    obs["result_kwargs"] = run("result", called[1].strip())
 
 
 @scenario(

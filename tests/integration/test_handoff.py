@@ -440,13 +440,7 @@ def test_a_worker_whose_listener_broke_finds_what_it_holds_unknowingly(
         sent = missed.apply_async(countdown=3600)
         held_unknowingly(db, worker.id, sent.id)
         # Then the listening connection breaks: once back, the worker looks for such rows.
-        channel = handoff_channel(app.broker.schema, worker.id)
-        listener = one(
-            db,
-            "SELECT pid FROM pg_stat_activity WHERE query = %s",
-            (f'LISTEN "{channel}"',),
-        )
-        db.execute("SELECT pg_terminate_backend(%s)", (listener["pid"],))
+        break_listener(db, app, worker.id)
         assert sent.get(timeout=10) == "found"
     assert ran.is_set()
     assert [(a, o) for a, _, o in attempts(db, sent.id)] == [(1, "completed")]
