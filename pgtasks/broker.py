@@ -40,18 +40,10 @@ from pgtasks.exceptions import (
     PgTasksError,
     QuotaExceeded,
 )
-from pgtasks.headers import CONCURRENCY_KEY as KEY
+from pgtasks.headers import CONCURRENCY_KEY
 from pgtasks.message import ClaimedTask, TaskMessage
 from pgtasks.pools import LifoConnectionPool
-from pgtasks.records import ChordSpec as ChordSpec
-from pgtasks.records import Failure as Failure
-from pgtasks.records import Followups as Followups
-from pgtasks.records import Plan as Plan
-from pgtasks.records import Pruned as Pruned
-from pgtasks.records import Release as Release
-from pgtasks.records import RetryAt as RetryAt
-from pgtasks.records import StoredResult as StoredResult
-from pgtasks.records import Success as Success
+from pgtasks.records import Failure, Plan, Pruned, Release, RetryAt, StoredResult, Success
 from pgtasks.serialization import one_shot, read_json, too_large, whole_document
 from pgtasks.sql import PSYCOPG_CACHED_LENGTH, native, queries
 
@@ -867,7 +859,11 @@ class Broker:
         after the lease starts), where a concurrency limit must count it first, and on a
         schema without hand-offs (one migrated by an older pgtasks, asked again now and
         then)."""
-        if in_transaction or KEY in msg.headers or time.monotonic() < self._handoff_again:
+        if (
+            in_transaction
+            or CONCURRENCY_KEY in msg.headers
+            or time.monotonic() < self._handoff_again
+        ):
             return "insert_task"
         return "insert_task_handoff"
 
@@ -1244,7 +1240,7 @@ class Broker:
             # A row of a limited key that now waits for its rate limit's start time may have
             # been the one moved on when a place came free: move on the next (a key without
             # blocked rows or without room moves nothing).
-            keys = (h.get(KEY) for h in waiting if isinstance(h, dict))
+            keys = (h.get(CONCURRENCY_KEY) for h in waiting if isinstance(h, dict))
             self.unblock(key if isinstance(key, str) else None for key in keys)
         return rows
 

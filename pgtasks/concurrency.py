@@ -17,12 +17,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pgtasks.headers import CONCURRENCY_KEY, CONCURRENCY_LIMIT
-
-#: Header names (see pgtasks.headers).
-KEY = CONCURRENCY_KEY
-LIMIT = CONCURRENCY_LIMIT
-
 #: The most a limit can be (the claim reads up to nine digits).
 MAX_LIMIT = 999_999_999
 

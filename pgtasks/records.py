@@ -1,7 +1,6 @@
 """The value types the layers pass to each other: what a worker decided about a run (an
 outcome), what a canvas operation writes (a plan), what maintenance did. Plain data, no
-database: the stores turn them into statements. (pgtasks.broker still exports them, for the
-importers of their former home.)"""
+database: the stores turn them into statements."""
 
 from __future__ import annotations
 

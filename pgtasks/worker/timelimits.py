@@ -43,9 +43,6 @@ if TYPE_CHECKING:
     from pgtasks.app import Celery
     from pgtasks.worker.execute import Job, Outcome
 
-#: The message header carrying a call's limits (see pgtasks.headers).
-HEADER = TIMELIMIT
-
 log = structlog.get_logger("pgtasks")
 
 #: The longest timeout a timer takes (about 292 years; ``setitimer`` and ``threading.Timer``
@@ -97,7 +94,7 @@ def resolve(
 ) -> tuple[float | None, float | None]:
     """The (hard, soft) limits in seconds for one call; None means no limit. A call's own limits
     (the ``timelimit`` header) only ever lower those of its task or worker."""
-    pair = headers.get(HEADER)
+    pair = headers.get(TIMELIMIT)
     task_hard = getattr(task, "time_limit", None)
     task_soft = getattr(task, "soft_time_limit", None)
     if (

@@ -9,8 +9,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pgtasks.broker import Failure, RetryAt, Success
 from pgtasks.message import ClaimedTask
+from pgtasks.records import Failure, RetryAt, Success
 from pgtasks.serialization import Encoded
 from pgtasks.states import Status
 from pgtasks.worker import execute as ex
